@@ -1,0 +1,31 @@
+# The two commands of the README:
+#   make demo   installs everything (Python env, control-plane binaries) and runs the demo
+#   make test   installs everything and runs every check: ruff, mypy, pytest
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+
+.PHONY: setup demo test lint unit bench clean
+
+$(VENV)/.installed: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/cosyvoice-operator demo
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
+	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/cluster_up.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,5 @@
+import sys
+
+from cosyvoice_engine_builder.cli import main
+
+sys.exit(main())

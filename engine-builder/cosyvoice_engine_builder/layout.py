@@ -1,0 +1,111 @@
+"""The model directory the builder expects, and the engine directory it produces.
+
+Expected model layout (one directory per model, whatever the source)::
+
+    <model>/
+      llm/                                   HF checkpoint of the CosyVoice LLM (Qwen2):
+        config.json                            config.json, *.safetensors, tokenizer files
+        ...                                    -- or the same files directly in <model>/
+      flow.decoder.estimator.fp32.onnx       cosyvoice2: flow decoder estimator (fp32 export)
+      flow.decoder.estimator.autocast_fp16.onnx
+                                             cosyvoice3: mixed-precision estimator export
+      campplus.onnx                          speaker embedding (both variants)
+      ...                                    the rest of the upstream model directory
+                                             (cosyvoice2.yaml / cosyvoice3.yaml, flow.pt,
+                                             hift.pt, speech_tokenizer_v*.onnx, ...), copied
+                                             as is for the serving pods
+
+Upstream downloads the LLM and the rest from separate repositories (for cosyvoice2:
+``yuekai/cosyvoice2_llm`` and ``iic/CosyVoice2-0.5B``; for cosyvoice3:
+``yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF`` plus ``yuekai/Fun-CosyVoice3-0.5B-2512-FP16-ONNX``
+and ``FunAudioLLM/Fun-CosyVoice3-0.5B-2512``); the builder takes one source, so the
+model is expected pre-assembled with the LLM under ``llm/``. A checkpoint at the root
+is accepted too, for a source that holds only the LLM next to the ONNX files.
+
+Produced engine layout (``<cache-dir>/<key>/``)::
+
+    manifest.json       written last; its presence and digests define "done"
+    llm/                TensorRT-LLM engine dir: config.json, rank<i>.engine
+    plans/              prebuilt TensorRT plans, names carry GPU arch and TensorRT version
+    model/              the fetched model directory (hidden files dropped)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from cosyvoice_engine_builder.request import Variant
+
+LLM_SUBDIR = "llm"
+CAMPPLUS_ONNX = "campplus.onnx"
+FLOW_ESTIMATOR_ONNX: dict[Variant, str] = {
+    Variant.COSYVOICE2: "flow.decoder.estimator.fp32.onnx",
+    Variant.COSYVOICE3: "flow.decoder.estimator.autocast_fp16.onnx",
+}
+
+ENGINE_LLM_DIR = "llm"
+ENGINE_PLANS_DIR = "plans"
+ENGINE_MODEL_DIR = "model"
+MANIFEST_NAME = "manifest.json"
+
+
+class LayoutError(Exception):
+    """The fetched model lacks something the build needs; the message names it."""
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    root: Path
+    llm_dir: Path
+    flow_estimator_onnx: Path
+    campplus_onnx: Path
+
+    @property
+    def llm_subpath(self) -> str:
+        """Where the LLM checkpoint (and so the tokenizer) sits inside the model dir."""
+        rel = self.llm_dir.relative_to(self.root).as_posix()
+        return "" if rel == "." else rel
+
+
+def assumed_layout(root: Path, variant: Variant) -> ModelLayout:
+    """The layout before the model is fetched (dry run): the documented default."""
+    return ModelLayout(
+        root=root,
+        llm_dir=root / LLM_SUBDIR,
+        flow_estimator_onnx=root / FLOW_ESTIMATOR_ONNX[variant],
+        campplus_onnx=root / CAMPPLUS_ONNX,
+    )
+
+
+def resolve_layout(root: Path, variant: Variant) -> ModelLayout:
+    """Find the LLM checkpoint and the ONNX files, or say exactly what is missing."""
+    if not root.is_dir():
+        raise LayoutError(f"model directory {root} does not exist")
+    candidates = [root / LLM_SUBDIR, root]
+    llm_dir = next((c for c in candidates if (c / "config.json").is_file()), None)
+    if llm_dir is None:
+        raise LayoutError(
+            f"no HF LLM checkpoint in {root}: expected {root / LLM_SUBDIR / 'config.json'} "
+            f"(or {root / 'config.json'}); see the expected layout in the builder's README"
+        )
+    try:
+        json.loads((llm_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LayoutError(f"{llm_dir / 'config.json'} is not valid JSON: {exc}") from exc
+
+    missing = [
+        root / name
+        for name in (FLOW_ESTIMATOR_ONNX[variant], CAMPPLUS_ONNX)
+        if not (root / name).is_file()
+    ]
+    if missing:
+        names = ", ".join(str(m) for m in missing)
+        raise LayoutError(f"{variant.value} needs {names}: not found in the model directory")
+    return ModelLayout(
+        root=root,
+        llm_dir=llm_dir,
+        flow_estimator_onnx=root / FLOW_ESTIMATOR_ONNX[variant],
+        campplus_onnx=root / CAMPPLUS_ONNX,
+    )

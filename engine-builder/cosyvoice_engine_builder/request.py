@@ -1,0 +1,194 @@
+"""What one build is asked to produce, parsed and validated from the command line.
+
+Validation is strict on purpose: the key and the URI become file-system paths on a
+volume shared by every service, so anything that could climb out of its directory or
+collide with the builder's own bookkeeping (``<key>.partial``, ``.work``, ``.locks``)
+is rejected before anything is touched.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+
+class InvalidRequest(ValueError):
+    """An argument that cannot describe a build; the message says which and why."""
+
+
+class Variant(StrEnum):
+    COSYVOICE2 = "cosyvoice2"
+    COSYVOICE3 = "cosyvoice3"
+
+
+class Precision(StrEnum):
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    INT8_WEIGHT_ONLY = "int8-weight-only"
+    INT4_WEIGHT_ONLY = "int4-weight-only"
+    FP8 = "fp8"
+
+
+Scheme = Literal["hf", "s3", "pvc"]
+
+# The operator derives keys from a digest (hex). Accepting a slightly wider, still
+# dot-free alphabet costs nothing and keeps `<key>.partial` unambiguous.
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+_GPU_ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
+_HF_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the model comes from: ``hf://ORG/NAME``, ``s3://BUCKET/PATH``, ``pvc://CLAIM/PATH``."""
+
+    scheme: Scheme
+    # hf: "ORG/NAME"; s3: the bucket; pvc: the claim name.
+    authority: str
+    # hf: ""; s3: the key prefix; pvc: the path inside the claim. No leading slash.
+    path: str
+
+    @property
+    def uri(self) -> str:
+        if self.scheme == "hf":
+            return f"hf://{self.authority}"
+        return f"{self.scheme}://{self.authority}/{self.path}".rstrip("/")
+
+
+def _safe_relative(path: str, what: str) -> str:
+    parts = PurePosixPath(path).parts if path else ()
+    if any(p in ("..", ".") for p in parts) or path.startswith("/"):
+        raise InvalidRequest(f"{what} {path!r} must be a relative path without '.' or '..'")
+    return "/".join(parts)
+
+
+def parse_model_uri(uri: str) -> ModelSource:
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        raise InvalidRequest(
+            f"--model-uri {uri!r}: expected hf://ORG/NAME, s3://BUCKET/PATH or pvc://CLAIM/PATH"
+        )
+    if scheme == "hf":
+        parts = rest.strip("/").split("/")
+        if len(parts) != 2 or not all(_HF_PART_RE.match(p) for p in parts):
+            raise InvalidRequest(f"--model-uri {uri!r}: a Hugging Face URI is hf://ORG/NAME")
+        return ModelSource("hf", "/".join(parts), "")
+    if scheme == "s3":
+        bucket, _, prefix = rest.partition("/")
+        if not _S3_BUCKET_RE.match(bucket):
+            raise InvalidRequest(f"--model-uri {uri!r}: {bucket!r} is not a valid S3 bucket name")
+        return ModelSource("s3", bucket, _safe_relative(prefix.strip("/"), "S3 prefix"))
+    if scheme == "pvc":
+        claim, _, path = rest.partition("/")
+        if not _DNS_SUBDOMAIN_RE.match(claim):
+            raise InvalidRequest(
+                f"--model-uri {uri!r}: {claim!r} is not a valid PersistentVolumeClaim name"
+            )
+        return ModelSource("pvc", claim, _safe_relative(path.strip("/"), "path inside the claim"))
+    raise InvalidRequest(
+        f"--model-uri {uri!r}: unsupported scheme {scheme!r} (use hf://, s3:// or pvc://)"
+    )
+
+
+def validate_key(key: str) -> str:
+    if not _KEY_RE.match(key):
+        raise InvalidRequest(
+            f"--key {key!r}: expected the operator's content key "
+            "(letters, digits, '-' or '_', at most 128 characters, no dots or slashes)"
+        )
+    return key
+
+
+def validate_gpu_arch(arch: str) -> str:
+    if not _GPU_ARCH_RE.match(arch):
+        raise InvalidRequest(f"--gpu-arch {arch!r}: expected an SM architecture such as sm_90")
+    return arch
+
+
+def _positive(value: int, flag: str) -> int:
+    if value < 1:
+        raise InvalidRequest(f"{flag} must be a positive integer, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    key: str
+    cache_dir: Path
+    variant: Variant
+    source: ModelSource
+    revision: str
+    precision: Precision
+    tensor_parallel_size: int
+    max_batch_size: int
+    max_num_tokens: int
+    gpu_arch: str
+    work_dir: Path
+    pvc_root: Path
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        key: str,
+        cache_dir: Path,
+        variant: str,
+        model_uri: str,
+        revision: str,
+        precision: str,
+        tensor_parallel_size: int,
+        max_batch_size: int,
+        max_num_tokens: int,
+        gpu_arch: str,
+        work_dir: Path | None,
+        pvc_root: Path,
+    ) -> BuildRequest:
+        key = validate_key(key)
+        try:
+            variant_value = Variant(variant)
+        except ValueError:
+            raise InvalidRequest(
+                f"--variant {variant!r}: expected one of {', '.join(v.value for v in Variant)}"
+            ) from None
+        try:
+            precision_value = Precision(precision)
+        except ValueError:
+            raise InvalidRequest(
+                f"--precision {precision!r}: expected one of "
+                f"{', '.join(p.value for p in Precision)}"
+            ) from None
+        return cls(
+            key=key,
+            cache_dir=cache_dir,
+            variant=variant_value,
+            source=parse_model_uri(model_uri),
+            revision=revision,
+            precision=precision_value,
+            tensor_parallel_size=_positive(tensor_parallel_size, "--tensor-parallel-size"),
+            max_batch_size=_positive(max_batch_size, "--max-batch-size"),
+            max_num_tokens=_positive(max_num_tokens, "--max-num-tokens"),
+            gpu_arch=validate_gpu_arch(gpu_arch),
+            work_dir=work_dir if work_dir is not None else cache_dir / ".work" / key,
+            pvc_root=pvc_root,
+        )
+
+    @property
+    def engine_dir(self) -> Path:
+        return self.cache_dir / self.key
+
+    @property
+    def partial_dir(self) -> Path:
+        return self.cache_dir / f"{self.key}.partial"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.cache_dir / ".locks" / f"{self.key}.lock"
+
+    @property
+    def uses_default_work_dir(self) -> bool:
+        return self.work_dir == self.cache_dir / ".work" / self.key

@@ -1,0 +1,3 @@
+from cosyvoice_operator.cli import main
+
+raise SystemExit(main())

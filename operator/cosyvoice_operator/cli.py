@@ -1,0 +1,199 @@
+"""The ``cosyvoice-operator`` command: run the operator, manage the local cluster, run the demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import __version__
+
+
+def _repo_file(*parts: str) -> Path:
+    """A file of the source checkout (CRDs, examples); the demo runs from a checkout."""
+    return Path(__file__).resolve().parents[2].joinpath(*parts)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from . import handlers  # noqa: F401  (registers the handlers with kopf)
+
+    namespaces = args.namespace or []
+    kopf.configure(verbose=args.verbose)
+    kopf.run(
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=args.liveness,
+    )
+    return 0
+
+
+def _cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from .localcluster import LocalCluster
+
+    return LocalCluster(args.name)
+
+
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    from .localcluster import ClusterError, parse_gpu_nodes
+    from .localcluster.binaries import BuildError
+
+    cluster = _cluster(args)
+    try:
+        if args.action == "up":
+            gpu_nodes = parse_gpu_nodes(args.gpu_nodes) if args.gpu_nodes else None
+            cluster.up(gpu_nodes=gpu_nodes, gpus_per_node=args.gpus_per_node)
+            sys.stdout.write(cluster.exports())
+        elif args.action == "down":
+            cluster.down(wipe=args.wipe)
+            print(f"cluster {args.name!r} stopped", file=sys.stderr)
+        elif args.action == "status":
+            status = cluster.status()
+            print(json.dumps(status, indent=2))
+            return 0 if cluster.is_up() else 3
+        elif args.action == "build":
+            from .localcluster.binaries import ensure_all
+
+            for name, path in ensure_all().items():
+                print(f"{name}: {path}", file=sys.stderr)
+        elif args.action == "env":
+            sys.stdout.write(cluster.exports())
+    except (ClusterError, BuildError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .localcluster import ClusterError
+
+    cluster = _cluster(args)
+    try:
+        cluster.up()
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    env = dict(os.environ, KUBECONFIG=str(cluster.paths.kubeconfig))
+    env["PATH"] = f"{cluster.paths.bin}:{env.get('PATH', '')}"
+    cluster.kubectl("apply", "--server-side", "-f", str(_repo_file("crds")))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/cosyvoiceservices.tts.cosyvoice.dev")
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "cosyvoice-engines", "namespace": "default"},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "resources": {"requests": {"storage": "100Gi"}},
+                },
+            }
+        ),
+    )
+    log = (cluster.paths.logs / "operator-demo.log").open("ab")
+    operator = subprocess.Popen(
+        [sys.executable, "-m", "cosyvoice_operator", "run", "--namespace", "default"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    print(f"operator running (log: {cluster.paths.logs / 'operator-demo.log'})", file=sys.stderr)
+    cluster.kubectl("apply", "-n", "default", "-f", str(_repo_file("examples")))
+    print(
+        "\nIn another shell:\n"
+        + "".join(f"  {line}\n" for line in cluster.exports().splitlines())
+        + "  kubectl get cvs -w\n\nCtrl-C stops the demo.\n",
+        file=sys.stderr,
+    )
+    stop = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stop:
+            print(time.strftime("%H:%M:%S"))
+            print(cluster.kubectl("get", "cvs", "-n", "default", check=False), flush=True)
+            for _ in range(50):
+                if stop or operator.poll() is not None:
+                    break
+                time.sleep(0.1)
+            if operator.poll() is not None:
+                print("the operator exited; see its log", file=sys.stderr)
+                return 1
+    finally:
+        operator.terminate()
+        operator.wait(timeout=30)
+        if not args.keep_cluster:
+            cluster.down()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cosyvoice-operator",
+        description="Run CosyVoice text-to-speech fleets on Kubernetes GPUs.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the operator against the current kubeconfig")
+    run.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        help="namespace to serve (repeatable); all namespaces when none is given",
+    )
+    run.add_argument("--peering", help="kopf peering name, for more than one operator replica")
+    run.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument("--verbose", action="store_true")
+    run.set_defaults(func=_cmd_run)
+
+    cluster = sub.add_parser(
+        "cluster",
+        help="a local Kubernetes cluster of real components with fake GPU nodes",
+        description=(
+            "Manage a local cluster: real etcd, kube-apiserver, controller-manager and scheduler "
+            "built from the Go module proxy, and kwok GPU nodes. `eval \"$(cosyvoice-operator "
+            "cluster up)\"` points kubectl and helm at it."
+        ),
+    )
+    cluster.add_argument("action", choices=["up", "down", "status", "env", "build"])
+    cluster.add_argument("--name", default="cosyvoice", help="cluster name (several may run)")
+    cluster.add_argument(
+        "--gpu-nodes",
+        action="append",
+        metavar="PRODUCT=COUNT",
+        help="fake GPU nodes by nvidia.com/gpu.product (repeatable); "
+        "default NVIDIA-L20=2 and NVIDIA-H100-80GB-HBM3=2",
+    )
+    cluster.add_argument("--gpus-per-node", type=int, default=8, help="nvidia.com/gpu per node")
+    cluster.add_argument("--wipe", action="store_true", help="with down: delete its data too")
+    cluster.set_defaults(func=_cmd_cluster)
+
+    demo = sub.add_parser("demo", help="local cluster + CRD + operator + example services")
+    demo.add_argument("--name", default="cosyvoice-demo")
+    demo.add_argument("--keep-cluster", action="store_true", help="leave the cluster running")
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
