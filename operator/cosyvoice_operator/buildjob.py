@@ -1,0 +1,439 @@
+"""Engine-build Jobs: what to create, and what the state of an engine is (pure).
+
+One Job per engine key and attempt, named from the key (``cvs-engine-sm90-<key>-a<N>``) and
+created with create-if-absent semantics: concurrent reconciles, several services wanting the
+same key and operator restarts all converge on the same Job. A finished engine is recorded in
+a ConfigMap of the same base name (``cvs-engine-sm90-<key>``), which outlives the Job's TTL.
+Neither has an owner reference to a service: engines are shared and outlive any one service.
+
+Two levels of retry: the Job controller retries a failed pod (``backoffLimit``, its own
+exponential back-off); when the Job itself fails the operator starts a new attempt after
+``retry_base_seconds * 2**(attempt-1)``, up to ``max_attempts``, then stops and says so.
+Deleting the failed Jobs of a key starts over at attempt 1.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .engine import EngineIdentity, EngineTarget
+from .gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from .spec import ServiceSpec
+
+GROUP = "tts.cosyvoice.dev"
+KEY_LABEL = f"{GROUP}/engine-key"
+ARCH_LABEL = f"{GROUP}/gpu-arch"
+ATTEMPT_LABEL = f"{GROUP}/attempt"
+MODEL_URI_ANNOTATION = f"{GROUP}/model-uri"
+IDENTITY_ANNOTATION = f"{GROUP}/engine-identity"
+COMPONENT_LABELS = {
+    "app.kubernetes.io/name": "cosyvoice-engine",
+    "app.kubernetes.io/component": "engine-build",
+    "app.kubernetes.io/managed-by": "cosyvoice-operator",
+}
+CACHE_MOUNT = "/engines"
+MODELS_MOUNT = "/models"
+CONTAINER = "builder"
+# The builder exits with this code for errors that retrying cannot fix (bad input, missing
+# files); the Job then fails at once instead of burning its pod retries.
+EXIT_CONFIG_ERROR = 2
+TERMINATION_MESSAGE_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """Operator-wide knobs of engine builds (from the operator's configuration)."""
+
+    default_builder_image: str = "ghcr.io/cosyvoice-operator/engine-builder:0.1.0-trtllm0.20.0"
+    backoff_limit: int = 2
+    active_deadline_seconds: int = 4 * 3600
+    ttl_seconds_after_finished: int = 24 * 3600
+    max_attempts: int = 3
+    retry_base_seconds: float = 60.0
+    cpu_request: str = "4"
+    memory_request: str = "32Gi"
+    memory_limit: str = "96Gi"
+    service_account: str = ""
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    image_pull_secrets: tuple[str, ...] = ()
+
+
+def base_name(identity: EngineIdentity) -> str:
+    return f"cvs-engine-{identity.short_name}"
+
+
+def job_name(identity: EngineIdentity, attempt: int) -> str:
+    return f"{base_name(identity)}-a{attempt}"
+
+
+def record_name(identity: EngineIdentity) -> str:
+    return base_name(identity)
+
+
+def builder_args(identity: EngineIdentity) -> list[str]:
+    """The engine builder's command line (engine-builder/README.md documents it)."""
+    return [
+        "build",
+        "--key",
+        identity.key,
+        "--cache-dir",
+        CACHE_MOUNT,
+        "--variant",
+        identity.variant,
+        "--model-uri",
+        identity.model_uri,
+        "--revision",
+        identity.revision,
+        "--precision",
+        identity.precision,
+        "--tensor-parallel-size",
+        str(identity.tensor_parallel_size),
+        "--max-batch-size",
+        str(identity.max_batch_size),
+        "--max-num-tokens",
+        str(identity.max_num_tokens),
+        "--gpu-arch",
+        identity.gpu_arch,
+        "--pvc-root",
+        MODELS_MOUNT,
+    ]
+
+
+def render_job(
+    target: EngineTarget,
+    spec: ServiceSpec,
+    namespace: str,
+    attempt: int,
+    settings: BuildSettings,
+) -> dict[str, Any]:
+    """The build Job of one engine attempt."""
+    ident = target.identity
+    labels = {
+        **COMPONENT_LABELS,
+        KEY_LABEL: ident.key,
+        ARCH_LABEL: ident.gpu_arch,
+        ATTEMPT_LABEL: str(attempt),
+    }
+    volumes: list[dict[str, Any]] = [
+        {"name": "engines", "persistentVolumeClaim": {"claimName": spec.engine.cache_claim_name}},
+        {"name": "scratch", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "engines", "mountPath": CACHE_MOUNT},
+        {"name": "scratch", "mountPath": "/tmp"},
+    ]
+    claim = spec.model.pvc_claim
+    if claim:
+        volumes.append(
+            {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        )
+        mounts.append({"name": "model", "mountPath": f"{MODELS_MOUNT}/{claim}", "readOnly": True})
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": ident.builder_image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": builder_args(ident),
+        "env": [
+            {"name": "TERMINATION_MESSAGE_PATH", "value": "/dev/termination-log"},
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "HF_HOME", "value": "/tmp/hf"},
+        ],
+        "resources": {
+            "requests": {
+                "cpu": settings.cpu_request,
+                "memory": settings.memory_request,
+                GPU_RESOURCE: str(ident.tensor_parallel_size),
+            },
+            "limits": {
+                "memory": settings.memory_limit,
+                GPU_RESOURCE: str(ident.tensor_parallel_size),
+            },
+        },
+        "volumeMounts": mounts,
+        "terminationMessagePath": "/dev/termination-log",
+        # A builder killed before it writes its message still leaves its last log lines.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if spec.model.credentials_secret:
+        # The Secret's keys (HF_TOKEN, AWS_*) become the builder's environment; the operator
+        # never reads their values.
+        container["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [container],
+        "volumes": volumes,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": GPU_PRODUCT_LABEL,
+                                    "operator": "In",
+                                    "values": sorted(target.products),
+                                }
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "automountServiceAccountToken": False,
+    }
+    if settings.service_account:
+        pod_spec["serviceAccountName"] = settings.service_account
+    if settings.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(ident, attempt),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {
+                MODEL_URI_ANNOTATION: ident.model_uri,
+                IDENTITY_ANNOTATION: json.dumps(_identity_dict(ident), sort_keys=True),
+                f"{GROUP}/gpu-products": ",".join(sorted(target.products)),
+            },
+        },
+        "spec": {
+            "backoffLimit": settings.backoff_limit,
+            "activeDeadlineSeconds": settings.active_deadline_seconds,
+            "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": CONTAINER,
+                            "operator": "In",
+                            "values": [EXIT_CONFIG_ERROR],
+                        },
+                    },
+                    # An evicted or preempted pod is not the builder's fault: retry freely.
+                    {
+                        "action": "Ignore",
+                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                    },
+                ]
+            },
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        **dict(settings.pod_annotations),
+                        MODEL_URI_ANNOTATION: ident.model_uri,
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def _identity_dict(ident: EngineIdentity) -> dict[str, Any]:
+    return {
+        "modelUri": ident.model_uri,
+        "revision": ident.revision,
+        "variant": ident.variant,
+        "precision": ident.precision,
+        "tensorParallelSize": ident.tensor_parallel_size,
+        "maxBatchSize": ident.max_batch_size,
+        "maxNumTokens": ident.max_num_tokens,
+        "builderImage": ident.builder_image,
+        "gpuArch": ident.gpu_arch,
+    }
+
+
+def render_record(
+    identity: EngineIdentity, namespace: str, job: str, result: str, now: dt.datetime
+) -> dict[str, Any]:
+    """The ConfigMap that marks an engine as built (it outlives the Job)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": record_name(identity),
+            "namespace": namespace,
+            "labels": {**COMPONENT_LABELS, KEY_LABEL: identity.key, ARCH_LABEL: identity.gpu_arch},
+        },
+        "data": {
+            "key": identity.key,
+            "identity": json.dumps(_identity_dict(identity), sort_keys=True),
+            "engineDir": f"{CACHE_MOUNT}/{identity.key}",
+            "job": job,
+            "builtAt": now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "result": result[:TERMINATION_MESSAGE_LIMIT],
+        },
+    }
+
+
+# ---- the state of one engine ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """What an engine is doing and what the operator should do about it."""
+
+    state: str  # Pending | Building | Ready | Failed
+    message: str
+    job: str = ""
+    attempts: int = 0
+    # "none" | "create" (create attempt `next_attempt`) | "record" (write the record of `job`)
+    action: str = "none"
+    next_attempt: int = 0
+    next_retry: dt.datetime | None = None
+    result: str = ""
+
+
+def _attempt(job: Mapping[str, Any]) -> int:
+    try:
+        return int(job["metadata"]["labels"][ATTEMPT_LABEL])
+    except (KeyError, ValueError, TypeError):
+        return 0
+
+
+def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def _parse_time(value: Any) -> dt.datetime | None:
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    if isinstance(value, str) and value:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return None
+
+
+def termination_message(pods: Sequence[Mapping[str, Any]]) -> str:
+    """The builder's own last words: its termination message, newest pod first.
+
+    The builder writes one line of JSON ({"result", "step", "message"}); anything else (the
+    log tail Kubernetes falls back to) is taken as it is.
+    """
+    def started(pod: Mapping[str, Any]) -> str:
+        return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+
+    for pod in sorted(pods, key=started, reverse=True):
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated") or {}
+            text = (term.get("message") or "").strip()
+            if not text:
+                continue
+            try:
+                data = json.loads(text)
+            except ValueError:
+                return text[-1000:]
+            if isinstance(data, dict):
+                parts = [str(data[k]) for k in ("step", "message") if data.get(k)]
+                if data.get("step"):
+                    parts[0] = f"step {parts[0]}:"
+                return " ".join(parts)[-1000:] or text[-1000:]
+            return text[-1000:]
+    return ""
+
+
+def pending_reason(pods: Sequence[Mapping[str, Any]]) -> str:
+    """Why a build pod is not running yet (the scheduler's message), if it says."""
+    for pod in pods:
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                return str(cond.get("message") or cond.get("reason") or "")
+    return ""
+
+
+def assess(
+    identity: EngineIdentity,
+    record: Mapping[str, Any] | None,
+    jobs: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    now: dt.datetime,
+    settings: BuildSettings,
+) -> EngineState:
+    """The state of one engine from its record, its Jobs and the pods of its latest Job."""
+    latest = max(jobs, key=_attempt) if jobs else None
+    if record is not None:
+        return EngineState(
+            "Ready",
+            f"built by {record.get('data', {}).get('job', '?')} at "
+            f"{record.get('data', {}).get('builtAt', '?')}",
+            job=str(record.get("data", {}).get("job", "")),
+            attempts=_attempt(latest) if latest else 0,
+        )
+    if latest is None:
+        return EngineState(
+            "Pending", "build Job to be created", action="create", next_attempt=1
+        )
+    name = latest["metadata"]["name"]
+    attempt = _attempt(latest)
+    if _condition(latest, "Complete") or _condition(latest, "SuccessCriteriaMet"):
+        result = termination_message(pods)
+        return EngineState(
+            "Ready", f"built by {name}", job=name, attempts=attempt, action="record", result=result
+        )
+    failed = _condition(latest, "Failed")
+    if failed:
+        why = termination_message(pods) or str(failed.get("message") or failed.get("reason") or "")
+        base = f"attempt {attempt}/{settings.max_attempts} failed ({failed.get('reason', 'Failed')})"
+        if why:
+            base += f": {why}"
+        if attempt >= settings.max_attempts:
+            return EngineState(
+                "Failed",
+                f"{base}. Gave up; change the engine spec, or delete the Jobs labelled "
+                f"{KEY_LABEL}={identity.key} to retry.",
+                job=name,
+                attempts=attempt,
+            )
+        failed_at = _parse_time(failed.get("lastTransitionTime")) or now
+        retry_at = failed_at + dt.timedelta(
+            seconds=settings.retry_base_seconds * 2 ** (attempt - 1)
+        )
+        if now >= retry_at:
+            return EngineState(
+                "Failed",
+                f"{base}. Retrying as attempt {attempt + 1}.",
+                job=name,
+                attempts=attempt,
+                action="create",
+                next_attempt=attempt + 1,
+            )
+        return EngineState(
+            "Failed",
+            f"{base}. Retry at {retry_at.strftime('%Y-%m-%dT%H:%M:%SZ')}.",
+            job=name,
+            attempts=attempt,
+            next_retry=retry_at,
+        )
+    waiting = pending_reason(pods)
+    if waiting:
+        return EngineState(
+            "Pending", f"{name} waits for a GPU node: {waiting}", job=name, attempts=attempt
+        )
+    running = any((p.get("status") or {}).get("phase") == "Running" for p in pods)
+    node = next((p.get("spec", {}).get("nodeName") for p in pods if p.get("spec", {}).get("nodeName")), "")
+    msg = f"{name} running on {node}" if running and node else f"{name} started"
+    return EngineState("Building", f"{msg} (attempt {attempt})", job=name, attempts=attempt)

@@ -1,0 +1,37 @@
+"""Status conditions in the standard Kubernetes shape (pure)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def timestamp(now: dt.datetime) -> str:
+    return now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge(
+    previous: Iterable[Mapping[str, Any]],
+    updates: Iterable[Mapping[str, Any]],
+    generation: int,
+    now: dt.datetime,
+) -> list[dict[str, Any]]:
+    """Conditions after `updates` ({type, status, reason, message}) are applied.
+
+    lastTransitionTime moves only when a condition's status changes, as clients expect;
+    conditions not updated are kept as they were.
+    """
+    by_type = {c["type"]: dict(c) for c in previous if "type" in c}
+    for update in updates:
+        old = by_type.get(update["type"])
+        changed = old is None or old.get("status") != update["status"]
+        by_type[update["type"]] = {
+            "type": update["type"],
+            "status": update["status"],
+            "reason": update["reason"],
+            "message": update.get("message", "")[:32768],
+            "lastTransitionTime": timestamp(now) if changed else old["lastTransitionTime"],  # type: ignore[index]
+            "observedGeneration": generation,
+        }
+    return sorted(by_type.values(), key=lambda c: c["type"])

@@ -1,0 +1,78 @@
+"""The operator's own configuration, read once from its environment (set by the Helm chart)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .buildjob import BuildSettings
+
+
+class ConfigError(ValueError):
+    """A bad operator setting; names the environment variable."""
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a number") from None
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = _float(env, name, default)
+    if value != int(value) or value < 0:
+        raise ConfigError(f"{name}={env.get(name)!r}: expected a non-negative integer")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    build: BuildSettings = field(default_factory=BuildSettings)
+    # How often every service is re-examined (engine Jobs progress without touching the service).
+    resync_seconds: float = 10.0
+    prometheus_url: str = ""
+
+
+def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
+    env = os.environ if env is None else env
+    defaults = BuildSettings()
+    annotations_raw = env.get("COSYVOICE_BUILD_POD_ANNOTATIONS", "")
+    try:
+        annotations = json.loads(annotations_raw) if annotations_raw else {}
+    except ValueError:
+        raise ConfigError(
+            f"COSYVOICE_BUILD_POD_ANNOTATIONS={annotations_raw!r}: expected a JSON object"
+        ) from None
+    if not isinstance(annotations, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+    ):
+        raise ConfigError("COSYVOICE_BUILD_POD_ANNOTATIONS: expected a JSON object of strings")
+    pull = tuple(s for s in env.get("COSYVOICE_IMAGE_PULL_SECRETS", "").split(",") if s)
+    build = BuildSettings(
+        default_builder_image=env.get("COSYVOICE_BUILDER_IMAGE") or defaults.default_builder_image,
+        backoff_limit=_int(env, "COSYVOICE_BUILD_BACKOFF_LIMIT", defaults.backoff_limit),
+        active_deadline_seconds=_int(
+            env, "COSYVOICE_BUILD_DEADLINE_SECONDS", defaults.active_deadline_seconds
+        ),
+        ttl_seconds_after_finished=_int(
+            env, "COSYVOICE_BUILD_TTL_SECONDS", defaults.ttl_seconds_after_finished
+        ),
+        max_attempts=max(1, _int(env, "COSYVOICE_BUILD_MAX_ATTEMPTS", defaults.max_attempts)),
+        retry_base_seconds=_float(
+            env, "COSYVOICE_BUILD_RETRY_BASE_SECONDS", defaults.retry_base_seconds
+        ),
+        service_account=env.get("COSYVOICE_BUILD_SERVICE_ACCOUNT", ""),
+        pod_annotations=annotations,
+        image_pull_secrets=pull,
+    )
+    return OperatorConfig(
+        build=build,
+        resync_seconds=max(1.0, _float(env, "COSYVOICE_RESYNC_SECONDS", 10.0)),
+        prometheus_url=env.get("COSYVOICE_PROMETHEUS_URL", ""),
+    )

@@ -1,0 +1,85 @@
+"""The few Kubernetes reads and writes the operator makes, on the ``kubernetes.aio`` client.
+
+Everything returns plain dicts in the API's own JSON shape, so the pure core never sees a
+client model class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes.aio import client, config
+from kubernetes.aio.client.exceptions import ApiException
+
+
+class Kube:
+    """A thin, typed facade over the generated async API classes."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+
+    @classmethod
+    async def connect(cls) -> Kube:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            await config.load_kube_config()
+        return cls(client.ApiClient())
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    def _plain(self, obj: Any) -> Any:
+        return self.api.sanitize_for_serialization(obj)
+
+    async def list_nodes(self) -> list[dict[str, Any]]:
+        result = await self.core.list_node()
+        return list(self._plain(result).get("items") or [])
+
+    async def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        result = await self.batch.list_namespaced_job(namespace, label_selector=selector)
+        return list(self._plain(result).get("items") or [])
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        result = await self.core.list_namespaced_pod(namespace, label_selector=selector)
+        return list(self._plain(result).get("items") or [])
+
+    async def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            result = await self.core.read_namespaced_config_map(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(self._plain(result))
+
+    async def exists(self, kind: str, namespace: str, name: str) -> bool:
+        readers = {
+            "PersistentVolumeClaim": self.core.read_namespaced_persistent_volume_claim,
+            "Secret": self.core.read_namespaced_secret_with_http_info,
+        }
+        try:
+            # For a Secret only the status matters: the operator never looks at its data.
+            await readers[kind](name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def create_if_absent(self, body: dict[str, Any]) -> bool:
+        """Create the object; False (and no error) when one of that name already exists."""
+        namespace = body["metadata"]["namespace"]
+        creators = {
+            "Job": self.batch.create_namespaced_job,
+            "ConfigMap": self.core.create_namespaced_config_map,
+        }
+        try:
+            await creators[body["kind"]](namespace, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True

@@ -1,0 +1,199 @@
+"""A service's status from what the reconcile found (pure).
+
+The status is written for the two readers it has: ``kubectl get cvs`` (phase, READY, ENGINE
+columns) and someone asking "why": every engine entry and condition carries a message that
+says what is happening and what to do.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import conditions
+from .buildjob import EngineState
+from .engine import EnginePlan
+from .gpus import UnknownGPUProduct
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """Something that keeps every engine of a service from being built (no Job is made)."""
+
+    reason: str
+    message: str
+
+
+def engine_entries(
+    plan: EnginePlan, states: Mapping[str, EngineState]
+) -> list[dict[str, Any]]:
+    """``status.engines``: one entry per GPU product, engines shared by products of one arch."""
+    entries: list[dict[str, Any]] = []
+    for target in plan.targets:
+        st = states[target.key]
+        for product in target.products:
+            entry: dict[str, Any] = {
+                "gpuProduct": product,
+                "gpuArch": target.identity.gpu_arch,
+                "key": target.key,
+                "state": st.state,
+                "job": st.job,
+                "message": st.message,
+                "attempts": st.attempts,
+            }
+            if st.next_retry is not None:
+                entry["nextRetryTime"] = conditions.timestamp(st.next_retry)
+            entries.append(entry)
+    for product in plan.unknown_products:
+        entries.append(
+            {
+                "gpuProduct": product,
+                "gpuArch": "",
+                "key": "",
+                "state": "Failed",
+                "job": "",
+                "message": str(UnknownGPUProduct(product)),
+                "attempts": 0,
+            }
+        )
+    return sorted(entries, key=lambda e: e["gpuProduct"])
+
+
+def engine_summary(entries: Sequence[Mapping[str, Any]]) -> str:
+    keys: dict[str, str] = {}
+    for e in entries:
+        keys[e["key"] or e["gpuProduct"]] = e["state"]
+    if not keys:
+        return "None"
+    states = list(keys.values())
+    ready = states.count("Ready")
+    if ready == len(states):
+        return "Ready" if len(states) == 1 else f"Ready {ready}/{len(states)}"
+    if "Failed" in states and "Building" not in states and "Pending" not in states:
+        return f"Failed {states.count('Failed')}/{len(states)}"
+    if "Building" in states:
+        return f"Building {ready}/{len(states)}"
+    return f"Pending {ready}/{len(states)}"
+
+
+def engine_status(
+    plan: EnginePlan | None,
+    states: Mapping[str, EngineState],
+    blockers: Sequence[Blocker],
+    spec_error: str | None,
+    previous: Mapping[str, Any],
+    generation: int,
+    desired_replicas: int,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """The status fields this reconcile owns (engines, summary, phase, conditions)."""
+    prev_conditions = previous.get("conditions") or []
+    if spec_error is not None:
+        conds = conditions.merge(
+            prev_conditions,
+            [{"type": "EngineReady", "status": "False", "reason": "InvalidSpec", "message": spec_error}],
+            generation,
+            now,
+        )
+        return {
+            "observedGeneration": generation,
+            "phase": "Failed",
+            "conditions": conds,
+            "engineSummary": "Invalid",
+        }
+    assert plan is not None
+    entries = engine_entries(plan, states)
+    summary = engine_summary(entries)
+    unknown = plan.unknown_products
+    if blockers:
+        cond = {
+            "type": "EngineReady",
+            "status": "False",
+            "reason": blockers[0].reason,
+            "message": "; ".join(b.message for b in blockers),
+        }
+        for e in entries:
+            if e["state"] != "Ready":
+                e["message"] = cond["message"]
+    elif not plan.targets and not unknown:
+        where = (
+            "spec.engine.gpuProducts lists no product"
+            if plan.source == "spec"
+            else "no Ready GPU node matches the service's nodeSelector, affinity, tolerations "
+            "and serving.gpusPerReplica"
+        )
+        cond = {"type": "EngineReady", "status": "False", "reason": "NoEligibleGPUNodes", "message": where}
+    elif unknown:
+        cond = {
+            "type": "EngineReady",
+            "status": "False",
+            "reason": "UnknownGPUProduct",
+            "message": str(UnknownGPUProduct(unknown[0]))
+            + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""),
+        }
+    else:
+        by_state: dict[str, list[str]] = {}
+        for t in plan.targets:
+            by_state.setdefault(states[t.key].state, []).append(t.identity.gpu_arch)
+        if set(by_state) == {"Ready"}:
+            cond = {
+                "type": "EngineReady",
+                "status": "True",
+                "reason": "EnginesBuilt",
+                "message": f"engines ready for {', '.join(sorted(by_state['Ready']))}",
+            }
+        elif "Failed" in by_state:
+            failed = [states[t.key] for t in plan.targets if states[t.key].state == "Failed"]
+            cond = {
+                "type": "EngineReady",
+                "status": "False",
+                "reason": "BuildFailed",
+                "message": failed[0].message,
+            }
+        else:
+            pending = [s for s in by_state if s != "Ready"]
+            cond = {
+                "type": "EngineReady",
+                "status": "False",
+                "reason": "Building",
+                "message": "; ".join(
+                    states[t.key].message for t in plan.targets if states[t.key].state in pending
+                ),
+            }
+    engines_ready = cond["status"] == "True"
+    building = any(e["state"] in ("Pending", "Building") for e in entries) and not blockers
+    if engines_ready:
+        phase = "Deploying"
+    elif building:
+        phase = "BuildingEngine"
+    elif any(e["state"] == "Failed" for e in entries) and not any(
+        e["state"] in ("Pending", "Building") for e in entries
+    ):
+        phase = "Failed"
+    else:
+        phase = "Pending"
+    updates = [cond]
+    updates.append(
+        {
+            "type": "Available",
+            "status": "False",
+            "reason": "EnginesNotReady" if not engines_ready else "ServingNotManaged",
+            "message": (
+                "serving starts once every engine is built"
+                if not engines_ready
+                else "engines are ready; this operator version does not deploy Triton yet"
+            ),
+        }
+    )
+    ready_replicas = int(previous.get("readyReplicas") or 0)
+    return {
+        "observedGeneration": generation,
+        "phase": phase,
+        "engines": entries,
+        "engineSummary": summary,
+        "conditions": conditions.merge(prev_conditions, updates, generation, now),
+        "readyReplicas": ready_replicas,
+        "readySummary": f"{ready_replicas}/{desired_replicas}",
+    }

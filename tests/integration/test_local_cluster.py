@@ -1,0 +1,112 @@
+"""`cosyvoice-operator cluster ...` as a user runs it: exports, idempotence, names, teardown."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cosyvoice_operator.localcluster import LocalCluster
+from cosyvoice_operator.localcluster.cluster import COMPONENTS, State, _alive
+
+CLI = [sys.executable, "-m", "cosyvoice_operator", "cluster"]
+
+
+def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"cluster {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def named() -> tuple[str, str]:
+    names = ("cli-a", "cli-b")
+    yield names  # type: ignore[misc]
+    for n in names:
+        LocalCluster(n).down(quiet=True, wipe=True)
+
+
+def test_up_prints_only_exports_and_is_idempotent(named: tuple[str, str]) -> None:
+    a, b = named
+    first = _cli("up", "--name", a, "--gpu-nodes", "NVIDIA-L20=1", "--gpu-nodes", "NVIDIA-A100-SXM4-80GB=2")
+    lines = first.stdout.strip().splitlines()
+    assert lines and all(line.startswith("export ") for line in lines), first.stdout
+    assert any(line.startswith("export KUBECONFIG=") for line in lines)
+    assert "ready in" in first.stderr  # progress goes to stderr
+    kubeconfig = next(ln.split("=", 1)[1] for ln in lines if "KUBECONFIG" in ln)
+
+    # eval "$(cluster up)" puts a kubectl that reaches this cluster on PATH.
+    shell = subprocess.run(
+        ["bash", "-c", f'eval "{first.stdout}"; kubectl get nodes -o name; helm version --short'],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert shell.returncode == 0, shell.stderr
+    nodes = sorted(n for n in shell.stdout.split() if n.startswith("node/"))
+    assert nodes == [
+        "node/nvidia-a100-sxm4-80gb-0", "node/nvidia-a100-sxm4-80gb-1", "node/nvidia-l20-0"
+    ]
+
+    pids_before = State.load(LocalCluster(a).paths.state).pids
+    again = _cli("up", "--name", a, "--gpu-nodes", "NVIDIA-L20=1")
+    assert again.stdout == first.stdout
+    assert State.load(LocalCluster(a).paths.state).pids == pids_before  # nothing restarted
+
+    # A second named cluster runs beside the first, on its own ports.
+    second = _cli("up", "--name", b, "--gpu-nodes", "NVIDIA-H100-80GB-HBM3=1")
+    ports_a = set(State.load(LocalCluster(a).paths.state).ports.values())
+    ports_b = set(State.load(LocalCluster(b).paths.state).ports.values())
+    assert not ports_a & ports_b
+    env = dict(os.environ, KUBECONFIG=kubeconfig)
+    out = subprocess.run(
+        [str(LocalCluster(a).paths.bin / "kubectl"), "get", "nodes", "-o", "name"],
+        capture_output=True, text=True, env=env, check=True,
+    ).stdout
+    assert "h100" not in out  # b's nodes are not in a
+    assert "export KUBECONFIG=" in second.stdout
+
+    status = _cli("status", "--name", a)
+    parsed = json.loads(status.stdout)
+    assert all(c["running"] for c in parsed["components"].values())
+
+    pids = State.load(LocalCluster(a).paths.state).pids
+    _cli("down", "--name", a)
+    assert set(pids) == set(COMPONENTS)
+    assert not any(_alive(pid, comp) for comp, pid in pids.items())
+    assert _cli("status", "--name", a, check=False).returncode == 3
+    assert LocalCluster(b).is_up()  # stopping a leaves b alone
+
+
+def test_bad_gpu_nodes_argument_is_a_clear_error() -> None:
+    proc = _cli("up", "--name", "cli-bad", "--gpu-nodes", "NVIDIA-L20", check=False)
+    assert proc.returncode == 1
+    assert "PRODUCT=COUNT" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_component_that_cannot_start_is_reported_with_its_log(tmp_path: Path) -> None:
+    name = "cli-fail"
+    local = LocalCluster(name)
+    local.down(quiet=True, wipe=True)
+    local.paths.root.mkdir(parents=True)
+    # Take the API server's port before it starts: it must fail, and say why.
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        State(ports={"kube-apiserver": port}).save(local.paths.state)
+        proc = _cli("up", "--name", name, check=False)
+    try:
+        assert proc.returncode == 1
+        assert "kube-apiserver" in proc.stderr
+        assert "address already in use" in proc.stderr  # the tail of its own log
+        assert proc.stdout == ""
+        # Nothing is left running after the failed start.
+        assert not any(local.running().values())
+    finally:
+        local.down(quiet=True, wipe=True)
