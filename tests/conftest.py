@@ -1,4 +1,4 @@
-"""Shared fixtures. ``cluster`` is a real local control plane (see cosyvoice_operator.localcluster)."""
+"""Shared fixtures. ``cluster`` is a real local control plane (cosyvoice_operator.localcluster)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,9 @@ def cluster() -> Iterator[Cluster]:
     c = Cluster(local)
     c.kubectl("apply", "--server-side", "-f", str(CRD_DIR))
     c.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s",
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
         "crd/cosyvoiceservices.tts.cosyvoice.dev",
     )
     try:

@@ -334,6 +334,7 @@ def termination_message(pods: Sequence[Mapping[str, Any]]) -> str:
     The builder writes one line of JSON ({"result", "step", "message"}); anything else (the
     log tail Kubernetes falls back to) is taken as it is.
     """
+
     def started(pod: Mapping[str, Any]) -> str:
         return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
 
@@ -384,9 +385,7 @@ def assess(
             attempts=_attempt(latest) if latest else 0,
         )
     if latest is None:
-        return EngineState(
-            "Pending", "build Job to be created", action="create", next_attempt=1
-        )
+        return EngineState("Pending", "build Job to be created", action="create", next_attempt=1)
     name = latest["metadata"]["name"]
     attempt = _attempt(latest)
     if _condition(latest, "Complete") or _condition(latest, "SuccessCriteriaMet"):
@@ -397,7 +396,9 @@ def assess(
     failed = _condition(latest, "Failed")
     if failed:
         why = termination_message(pods) or str(failed.get("message") or failed.get("reason") or "")
-        base = f"attempt {attempt}/{settings.max_attempts} failed ({failed.get('reason', 'Failed')})"
+        base = (
+            f"attempt {attempt}/{settings.max_attempts} failed ({failed.get('reason', 'Failed')})"
+        )
         if why:
             base += f": {why}"
         if attempt >= settings.max_attempts:
@@ -434,6 +435,8 @@ def assess(
             "Pending", f"{name} waits for a GPU node: {waiting}", job=name, attempts=attempt
         )
     running = any((p.get("status") or {}).get("phase") == "Running" for p in pods)
-    node = next((p.get("spec", {}).get("nodeName") for p in pods if p.get("spec", {}).get("nodeName")), "")
+    node = next(
+        (p.get("spec", {}).get("nodeName") for p in pods if p.get("spec", {}).get("nodeName")), ""
+    )
     msg = f"{name} running on {node}" if running and node else f"{name} started"
     return EngineState("Building", f"{msg} (attempt {attempt})", job=name, attempts=attempt)

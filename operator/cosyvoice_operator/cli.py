@@ -84,7 +84,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     env = dict(os.environ, KUBECONFIG=str(cluster.paths.kubeconfig))
     env["PATH"] = f"{cluster.paths.bin}:{env.get('PATH', '')}"
     cluster.kubectl("apply", "--server-side", "-f", str(_repo_file("crds")))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/cosyvoiceservices.tts.cosyvoice.dev")
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/cosyvoiceservices.tts.cosyvoice.dev"
+    )
     cluster.kubectl(
         "apply",
         "-f",
@@ -169,8 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="a local Kubernetes cluster of real components with fake GPU nodes",
         description=(
             "Manage a local cluster: real etcd, kube-apiserver, controller-manager and scheduler "
-            "built from the Go module proxy, and kwok GPU nodes. `eval \"$(cosyvoice-operator "
-            "cluster up)\"` points kubectl and helm at it."
+            'built from the Go module proxy, and kwok GPU nodes. `eval "$(cosyvoice-operator '
+            'cluster up)"` points kubectl and helm at it.'
         ),
     )
     cluster.add_argument("action", choices=["up", "down", "status", "env", "build"])

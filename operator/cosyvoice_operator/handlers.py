@@ -61,7 +61,8 @@ async def _blockers(kube: Kube, spec: ServiceSpec, namespace: str) -> list[statu
         found.append(
             status.Blocker(
                 "ModelClaimMissing",
-                f"PersistentVolumeClaim {namespace}/{model_claim} named by spec.model.uri does not exist",
+                f"PersistentVolumeClaim {namespace}/{model_claim} (from spec.model.uri) "
+                "does not exist",
             )
         )
     secret = spec.model.credentials_secret
@@ -80,7 +81,7 @@ async def _engine_state(
     target: engine.EngineTarget,
     svc: ServiceSpec,
     namespace: str,
-    body: Mapping[str, Any],
+    body: kopf.Body,
     previous: Mapping[str, str],
 ) -> buildjob.EngineState:
     """Assess one engine and carry out what the assessment asks for."""
@@ -91,7 +92,9 @@ async def _engine_state(
     jobs = await kube.list_jobs(namespace, selector) if record is None else []
     pods: list[dict[str, Any]] = []
     if jobs:
-        latest = max(jobs, key=lambda j: int(j["metadata"]["labels"].get(buildjob.ATTEMPT_LABEL, 0)))
+        latest = max(
+            jobs, key=lambda j: int(j["metadata"]["labels"].get(buildjob.ATTEMPT_LABEL, 0))
+        )
         pods = await kube.list_pods(namespace, f"job-name={latest['metadata']['name']}")
     now = dt.datetime.now(dt.UTC)
     st = buildjob.assess(ident, record, jobs, pods, now, settings)
@@ -101,13 +104,13 @@ async def _engine_state(
         name = job["metadata"]["name"]
         if created:
             kopf.info(
-                dict(body),
+                body,
                 reason="EngineBuildStarted",
                 message=f"{name}: building engine {ident.key} for {ident.gpu_arch} "
                 f"({', '.join(target.products)}), attempt {st.next_attempt}",
             )
         st = buildjob.EngineState(
-            "Building" if st.next_attempt == 1 else "Building",
+            "Building",
             f"{name} {'created' if created else 'joined (already in flight)'} "
             f"(attempt {st.next_attempt})",
             job=name,
@@ -118,9 +121,13 @@ async def _engine_state(
         await kube.create_if_absent(record_body)
     if previous.get(ident.key) != st.state:
         if st.state == "Ready":
-            kopf.info(dict(body), reason="EngineReady", message=f"engine {ident.key} ({ident.gpu_arch}): {st.message}")
+            kopf.info(
+                body,
+                reason="EngineReady",
+                message=f"engine {ident.key} ({ident.gpu_arch}): {st.message}",
+            )
         elif st.state == "Failed":
-            kopf.warning(dict(body), reason="EngineBuildFailed", message=f"engine {ident.key}: {st.message}")
+            kopf.warn(body, reason="EngineBuildFailed", message=f"engine {ident.key}: {st.message}")
     return st
 
 
@@ -156,7 +163,7 @@ async def reconcile(
     desired = svc.replicas
     new = status.engine_status(plan, states, blockers, None, previous, generation, desired, now)
     if blockers and previous.get("engineSummary") != new.get("engineSummary"):
-        kopf.warning(dict(body), reason=blockers[0].reason, message=blockers[0].message)
+        kopf.warn(body, reason=blockers[0].reason, message=blockers[0].message)
     _write_status(patch, previous, new)
 
 
@@ -176,7 +183,7 @@ async def on_change(
     await reconcile(body, memo, patch, logger)
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=CONFIG.resync_seconds, initial_delay=1.0)
+@kopf.timer(GROUP, VERSION, PLURAL, interval=CONFIG.resync_seconds, initial_delay=1.0, backoff=5)
 async def resync(
     body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kopf.Logger, **_: Any
 ) -> None:

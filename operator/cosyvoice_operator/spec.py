@@ -8,6 +8,7 @@ object never turns into bad Kubernetes objects. Errors name the field, as the CR
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -135,7 +136,9 @@ def _int(raw: Mapping[str, Any], key: str, path: str, default: int, lo: int, hi:
     return value
 
 
-def _enum(raw: Mapping[str, Any], key: str, path: str, choices: tuple[str, ...], default: str | None) -> str:
+def _enum(
+    raw: Mapping[str, Any], key: str, path: str, choices: tuple[str, ...], default: str | None
+) -> str:
     value = raw.get(key, default)
     if value is None:
         raise SpecError(f"{path}.{key}", f"is required (one of {', '.join(choices)})")
@@ -190,8 +193,10 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
             "spec.serving.dynamicBatching.preferredBatchSizes",
             f"every entry must be between 1 and spec.engine.maxBatchSize ({engine.max_batch_size})",
         )
-    if any(a >= b for a, b in zip(sizes, sizes[1:], strict=False)):
-        raise SpecError("spec.serving.dynamicBatching.preferredBatchSizes", "must be strictly increasing")
+    if any(a >= b for a, b in itertools.pairwise(sizes)):
+        raise SpecError(
+            "spec.serving.dynamicBatching.preferredBatchSizes", "must be strictly increasing"
+        )
     serving = ServingSpec(
         image=_str(s, "image"),
         gpus_per_replica=gpus,
@@ -240,7 +245,9 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
         min_replicas=min_r,
         max_replicas=max_r,
         target_queue_latency_milliseconds=float(target),
-        evaluation_interval_seconds=_int(a, "evaluationIntervalSeconds", "spec.autoscaling", 15, 1, 3600),
+        evaluation_interval_seconds=_int(
+            a, "evaluationIntervalSeconds", "spec.autoscaling", 15, 1, 3600
+        ),
         scale_up=ScaleRule(
             _int(up, "stabilizationWindowSeconds", "spec.autoscaling.scaleUp", 0, 0, 3600),
             _int(up, "maxStepReplicas", "spec.autoscaling.scaleUp", 4, 1, 10**4),

@@ -26,9 +26,7 @@ class Blocker:
     message: str
 
 
-def engine_entries(
-    plan: EnginePlan, states: Mapping[str, EngineState]
-) -> list[dict[str, Any]]:
+def engine_entries(plan: EnginePlan, states: Mapping[str, EngineState]) -> list[dict[str, Any]]:
     """``status.engines``: one entry per GPU product, engines shared by products of one arch."""
     entries: list[dict[str, Any]] = []
     for target in plan.targets:
@@ -93,7 +91,14 @@ def engine_status(
     if spec_error is not None:
         conds = conditions.merge(
             prev_conditions,
-            [{"type": "EngineReady", "status": "False", "reason": "InvalidSpec", "message": spec_error}],
+            [
+                {
+                    "type": "EngineReady",
+                    "status": "False",
+                    "reason": "InvalidSpec",
+                    "message": spec_error,
+                }
+            ],
             generation,
             now,
         )
@@ -124,7 +129,12 @@ def engine_status(
             else "no Ready GPU node matches the service's nodeSelector, affinity, tolerations "
             "and serving.gpusPerReplica"
         )
-        cond = {"type": "EngineReady", "status": "False", "reason": "NoEligibleGPUNodes", "message": where}
+        cond = {
+            "type": "EngineReady",
+            "status": "False",
+            "reason": "NoEligibleGPUNodes",
+            "message": where,
+        }
     elif unknown:
         cond = {
             "type": "EngineReady",

@@ -34,7 +34,9 @@ def named() -> tuple[str, str]:
 
 def test_up_prints_only_exports_and_is_idempotent(named: tuple[str, str]) -> None:
     a, b = named
-    first = _cli("up", "--name", a, "--gpu-nodes", "NVIDIA-L20=1", "--gpu-nodes", "NVIDIA-A100-SXM4-80GB=2")
+    first = _cli(
+        "up", "--name", a, "--gpu-nodes", "NVIDIA-L20=1", "--gpu-nodes", "NVIDIA-A100-SXM4-80GB=2"
+    )
     lines = first.stdout.strip().splitlines()
     assert lines and all(line.startswith("export ") for line in lines), first.stdout
     assert any(line.startswith("export KUBECONFIG=") for line in lines)
@@ -44,12 +46,16 @@ def test_up_prints_only_exports_and_is_idempotent(named: tuple[str, str]) -> Non
     # eval "$(cluster up)" puts a kubectl that reaches this cluster on PATH.
     shell = subprocess.run(
         ["bash", "-c", f'eval "{first.stdout}"; kubectl get nodes -o name; helm version --short'],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert shell.returncode == 0, shell.stderr
     nodes = sorted(n for n in shell.stdout.split() if n.startswith("node/"))
     assert nodes == [
-        "node/nvidia-a100-sxm4-80gb-0", "node/nvidia-a100-sxm4-80gb-1", "node/nvidia-l20-0"
+        "node/nvidia-a100-sxm4-80gb-0",
+        "node/nvidia-a100-sxm4-80gb-1",
+        "node/nvidia-l20-0",
     ]
 
     pids_before = State.load(LocalCluster(a).paths.state).pids
@@ -65,7 +71,10 @@ def test_up_prints_only_exports_and_is_idempotent(named: tuple[str, str]) -> Non
     env = dict(os.environ, KUBECONFIG=kubeconfig)
     out = subprocess.run(
         [str(LocalCluster(a).paths.bin / "kubectl"), "get", "nodes", "-o", "name"],
-        capture_output=True, text=True, env=env, check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
     ).stdout
     assert "h100" not in out  # b's nodes are not in a
     assert "export KUBECONFIG=" in second.stdout

@@ -11,7 +11,11 @@ from tests.conftest import Cluster
 def _pod(name: str, gpus: int, node_selector: dict[str, str] | None = None) -> str:
     spec: dict[str, object] = {
         "containers": [
-            {"name": "c", "image": "example/gpu:1", "resources": {"limits": {"nvidia.com/gpu": gpus}}}
+            {
+                "name": "c",
+                "image": "example/gpu:1",
+                "resources": {"limits": {"nvidia.com/gpu": gpus}},
+            }
         ]
     }
     if node_selector:
@@ -67,7 +71,11 @@ def test_node_selector_on_gpu_product_is_honoured(cluster: Cluster) -> None:
     ns = cluster.namespace("sched")
     for i in range(4):
         cluster.kubectl(
-            "apply", "-n", ns, "-f", "-",
+            "apply",
+            "-n",
+            ns,
+            "-f",
+            "-",
             input=_pod(f"h100-{i}", 2, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}),
         )
     for i in range(4):
@@ -79,7 +87,12 @@ def test_node_selector_on_gpu_product_is_honoured(cluster: Cluster) -> None:
         assert product == "NVIDIA-H100-80GB-HBM3"
     # A product no node has: the pod cannot be placed anywhere.
     cluster.kubectl(
-        "apply", "-n", ns, "-f", "-", input=_pod("b200", 1, {"nvidia.com/gpu.product": "NVIDIA-B200"})
+        "apply",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        input=_pod("b200", 1, {"nvidia.com/gpu.product": "NVIDIA-B200"}),
     )
     time.sleep(2)
     pod = json.loads(cluster.kubectl("get", "pod", "b200", "-n", ns, "-o", "json").stdout)

@@ -9,6 +9,7 @@ the command that started it: ``up`` returns once everything is ready, ``down`` s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -233,10 +234,7 @@ class LocalCluster:
 
     def exports(self) -> str:
         """Shell lines that point kubectl and helm at this cluster."""
-        return (
-            f"export KUBECONFIG={self.paths.kubeconfig}\n"
-            f'export PATH={self.paths.bin}:"$PATH"\n'
-        )
+        return f'export KUBECONFIG={self.paths.kubeconfig}\nexport PATH={self.paths.bin}:"$PATH"\n'
 
     # ---- up ------------------------------------------------------------------------------
 
@@ -421,7 +419,9 @@ class LocalCluster:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         if client_cert:
-            ctx.load_cert_chain(str(self.paths.pki / "admin.crt"), str(self.paths.pki / "admin.key"))
+            ctx.load_cert_chain(
+                str(self.paths.pki / "admin.crt"), str(self.paths.pki / "admin.key")
+            )
         return ctx
 
     def _probe(self, comp: str, ports: Mapping[str, int]) -> bool:
@@ -432,24 +432,30 @@ class LocalCluster:
                     return bool(json.loads(r.read()).get("health") == "true")
             if comp == "kwok":
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                    return r.status == 200
+                    return bool(r.status == 200)
             path = "/readyz" if comp == "kube-apiserver" else "/healthz"
             ctx = self._ssl(client_cert=comp == "kube-apiserver", verify=comp == "kube-apiserver")
-            with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", timeout=2, context=ctx) as r:
-                return r.status == 200
+            with urllib.request.urlopen(
+                f"https://127.0.0.1:{port}{path}", timeout=2, context=ctx
+            ) as r:
+                return bool(r.status == 200)
         except (OSError, urllib.error.URLError, ValueError):
             return False
 
     def _wait_ready(
-        self, comp: str, proc: subprocess.Popen[bytes], ports: Mapping[str, int], timeout: float = 90
+        self,
+        comp: str,
+        proc: subprocess.Popen[bytes],
+        ports: Mapping[str, int],
+        timeout: float = 90,
     ) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             # poll(), not /proc: right after fork the child still shows Python's command line.
             if proc.poll() is not None:
+                log = self.paths.logs / f"{comp}.log"
                 raise ClusterError(
-                    f"{comp} exited during start; last lines of {self.paths.logs / (comp + '.log')}:\n"
-                    + _tail(self.paths.logs / f"{comp}.log")
+                    f"{comp} exited during start; last lines of {log}:\n{_tail(log)}"
                 )
             if self._probe(comp, ports):
                 return
@@ -486,9 +492,13 @@ class LocalCluster:
             out = json.loads(self.kubectl("get", "nodes", "-l", "type=kwok", "-o", "json"))
             ready = 0
             for node in out["items"]:
-                conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+                conds = {
+                    c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])
+                }
                 taints = node.get("spec", {}).get("taints") or []
-                not_ready_taint = any(t["key"].startswith("node.kubernetes.io/not-") for t in taints)
+                not_ready_taint = any(
+                    t["key"].startswith("node.kubernetes.io/not-") for t in taints
+                )
                 if conds.get("Ready") == "True" and not not_ready_taint:
                     ready += 1
             if ready >= want:
@@ -502,10 +512,21 @@ class LocalCluster:
     def _wait_default_serviceaccount(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.kubectl("get", "serviceaccount", "default", "-n", "default", "--ignore-not-found", "-o", "name").strip():
+            if self.kubectl(
+                "get",
+                "serviceaccount",
+                "default",
+                "-n",
+                "default",
+                "--ignore-not-found",
+                "-o",
+                "name",
+            ).strip():
                 return
             time.sleep(0.3)
-        raise ClusterError("the default ServiceAccount was not created: is the controller-manager running?")
+        raise ClusterError(
+            "the default ServiceAccount was not created: is the controller-manager running?"
+        )
 
     # ---- down ----------------------------------------------------------------------------
 
@@ -529,7 +550,11 @@ class LocalCluster:
             comp: {"pid": state.pids.get(comp), "port": state.ports.get(comp), "running": alive}
             for comp, alive in ((c, self.running().get(c, False)) for c in COMPONENTS)
         }
-        return {"name": self.paths.name, "kubeconfig": str(self.paths.kubeconfig), "components": procs}
+        return {
+            "name": self.paths.name,
+            "kubeconfig": str(self.paths.kubeconfig),
+            "components": procs,
+        }
 
 
 COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
@@ -550,18 +575,16 @@ def _stop(pid: int, binary: str, grace: float = 10) -> None:
             _reap(pid)
             return
         time.sleep(0.1)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     _reap(pid)
 
 
 def _reap(pid: int) -> None:
-    try:
+    # Only a child of this process can be reaped (the fixture's own cluster); others are
+    # reaped by init.
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def _kwok_node_stages() -> list[Path]:
@@ -576,7 +599,10 @@ def _kwok_node_stages() -> list[Path]:
     if proc.returncode != 0:
         raise ClusterError(f"cannot locate the kwok module source: {proc.stderr.strip()}")
     root = Path(json.loads(proc.stdout)["Dir"]) / "kustomize" / "stage" / "node"
-    stages = [root / "fast" / "node-initialize.yaml", root / "heartbeat-with-lease" / "node-heartbeat-with-lease.yaml"]
+    stages = [
+        root / "fast" / "node-initialize.yaml",
+        root / "heartbeat-with-lease" / "node-heartbeat-with-lease.yaml",
+    ]
     for s in stages:
         if not s.is_file():
             raise ClusterError(f"kwok stage file missing: {s}")

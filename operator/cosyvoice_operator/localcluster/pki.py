@@ -76,9 +76,7 @@ def ensure_pki(directory: Path, service_ip: str) -> None:
         .sign(ca_key, hashes.SHA256())
     )
 
-    def issue(
-        common_name: str, organization: str | None, server: bool
-    ) -> tuple[bytes, bytes]:
+    def issue(common_name: str, organization: str | None, server: bool) -> tuple[bytes, bytes]:
         key = ec.generate_private_key(ec.SECP256R1())
         builder = (
             x509.CertificateBuilder()

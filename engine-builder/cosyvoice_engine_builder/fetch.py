@@ -1,0 +1,194 @@
+"""Getting the model onto local disk.
+
+- ``hf://ORG/NAME``: ``huggingface_hub.snapshot_download`` into ``<work>/model`` with
+  ``--revision`` and ``HF_TOKEN`` (``HF_ENDPOINT`` is honoured by the library).
+- ``s3://BUCKET/PATH``: ``aws s3 sync`` when the CLI is installed (``AWS_CLI``, default
+  ``aws``), else boto3; both read ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``,
+  ``AWS_REGION`` and ``AWS_ENDPOINT_URL`` (for S3-compatible stores) themselves.
+- ``pvc://CLAIM/PATH``: nothing is copied; the Job mounts the claim at
+  ``<pvc-root>/<CLAIM>`` and the model is read in place.
+
+The Hugging Face and S3 clients are injectable (:class:`Downloaders`) because neither
+service is reachable from the test environment; their libraries are imported lazily
+because they exist only in the builder image.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
+
+from cosyvoice_engine_builder.request import BuildRequest
+from cosyvoice_engine_builder.runner import Command, CommandFailed, Runner
+from cosyvoice_engine_builder.toolchain import find_executable
+
+
+class FetchError(Exception):
+    """The model could not be fetched; the message says from where and why."""
+
+
+class HfSnapshotDownload(Protocol):
+    def __call__(
+        self, *, repo_id: str, revision: str | None, token: str | None, local_dir: str
+    ) -> str: ...
+
+
+class S3Client(Protocol):
+    """The part of a boto3 S3 client the builder uses."""
+
+    def get_paginator(self, operation_name: str) -> Any: ...
+
+    def download_file(self, Bucket: str, Key: str, Filename: str) -> None: ...  # noqa: N803
+
+
+@dataclass(frozen=True)
+class Downloaders:
+    hf_snapshot_download: HfSnapshotDownload | None = None
+    s3_client_factory: Callable[[], S3Client] | None = None
+
+
+def _real_hf_snapshot_download(
+    *, repo_id: str, revision: str | None, token: str | None, local_dir: str
+) -> str:
+    hub = importlib.import_module("huggingface_hub")
+    path = hub.snapshot_download(
+        repo_id=repo_id, revision=revision, token=token, local_dir=local_dir
+    )
+    return str(path)
+
+
+def _real_s3_client() -> S3Client:
+    boto3 = importlib.import_module("boto3")
+    client: S3Client = boto3.client("s3")
+    return client
+
+
+def model_dir(request: BuildRequest) -> Path:
+    """Where the model will be (or is) on local disk, before anything is fetched."""
+    if request.source.scheme == "pvc":
+        base = request.pvc_root / request.source.authority
+        return base / request.source.path if request.source.path else base
+    return request.work_dir / "model"
+
+
+def describe(request: BuildRequest, environ: Mapping[str, str]) -> str:
+    """A human-readable account of what fetching will do (for logs and the dry run)."""
+    source, target = request.source, model_dir(request)
+    revision = request.revision or None
+    if source.scheme == "hf":
+        return (
+            f"huggingface_hub.snapshot_download(repo_id={source.authority!r}, "
+            f"revision={revision!r}, local_dir={str(target)!r})"
+        )
+    if source.scheme == "s3":
+        aws = environ.get("AWS_CLI") or "aws"
+        if find_executable(aws, environ) is not None:
+            return Command(_aws_sync_argv(aws, request, target)).display()
+        return f"boto3 download of {source.uri}/ into {target}"
+    return f"use {target} in place (claim {source.authority!r} mounted at {request.pvc_root})"
+
+
+def _aws_sync_argv(aws: str, request: BuildRequest, target: Path) -> tuple[str, ...]:
+    return (aws, "s3", "sync", f"{request.source.uri}/", str(target), "--no-progress")
+
+
+def fetch_model(
+    request: BuildRequest,
+    *,
+    downloaders: Downloaders,
+    runner: Runner,
+    environ: Mapping[str, str],
+    echo: Callable[[str], None],
+    timeout: float | None = None,
+) -> Path:
+    """Make the model available locally and return its directory."""
+    target = model_dir(request)
+    scheme = request.source.scheme
+    if scheme != "hf" and request.revision:
+        echo(f"note: --revision {request.revision!r} is recorded but not used for {scheme}://")
+    if scheme == "pvc":
+        if not target.is_dir():
+            raise FetchError(
+                f"{request.source.uri}: {target} does not exist; is the claim "
+                f"{request.source.authority!r} mounted at {request.pvc_root / request.source.authority}"
+                " and does the path exist inside it?"
+            )
+        return target
+
+    target.mkdir(parents=True, exist_ok=True)
+    if scheme == "hf":
+        download = downloaders.hf_snapshot_download or _real_hf_snapshot_download
+        try:
+            download(
+                repo_id=request.source.authority,
+                revision=request.revision or None,
+                token=environ.get("HF_TOKEN") or None,
+                local_dir=str(target),
+            )
+        except Exception as exc:
+            raise FetchError(
+                f"download of {request.source.uri}"
+                f"{'@' + request.revision if request.revision else ''} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        return target
+
+    aws = environ.get("AWS_CLI") or "aws"
+    if downloaders.s3_client_factory is None and find_executable(aws, environ) is not None:
+        try:
+            runner.run(
+                Command(_aws_sync_argv(aws, request, target), env=environ, timeout=timeout)
+            )
+        except CommandFailed as exc:
+            detail = "\n".join(exc.tail()[-10:])
+            raise FetchError(f"aws s3 sync from {request.source.uri} failed: {exc}\n{detail}") from exc
+    else:
+        _boto3_download(request, target, downloaders.s3_client_factory or _real_s3_client, echo)
+    if not any(target.iterdir()):
+        raise FetchError(f"{request.source.uri}/ is empty or does not exist")
+    return target
+
+
+def _boto3_download(
+    request: BuildRequest,
+    target: Path,
+    client_factory: Callable[[], S3Client],
+    echo: Callable[[str], None],
+) -> None:
+    bucket, prefix = request.source.authority, request.source.path
+    listing_prefix = f"{prefix}/" if prefix else ""
+    try:
+        client = client_factory()
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=listing_prefix
+        )
+        count = 0
+        for page in pages:
+            for obj in page.get("Contents", []):
+                key = str(obj["Key"])
+                rel = key[len(listing_prefix) :]
+                if not rel or rel.endswith("/"):
+                    continue
+                parts = PurePosixPath(rel).parts
+                if ".." in parts or rel.startswith("/"):
+                    raise FetchError(f"s3://{bucket}/{key}: refusing a key that leaves {target}")
+                dest = target.joinpath(*parts)
+                # A retry after a crash keeps what already arrived whole.
+                if dest.is_file() and dest.stat().st_size == int(obj.get("Size", -1)):
+                    continue
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dest.with_name(dest.name + ".part")
+                client.download_file(bucket, key, str(tmp))
+                tmp.replace(dest)
+                count += 1
+                if count % 20 == 0:
+                    echo(f"downloaded {count} objects")
+    except FetchError:
+        raise
+    except Exception as exc:
+        raise FetchError(
+            f"download of {request.source.uri}/ failed: {type(exc).__name__}: {exc}"
+        ) from exc

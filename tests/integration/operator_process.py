@@ -1,0 +1,116 @@
+"""The operator as a real process against the local cluster, and waiting helpers for tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tests.conftest import Cluster
+
+T = TypeVar("T")
+
+FAST_SETTINGS = {
+    "COSYVOICE_RESYNC_SECONDS": "1",
+    "COSYVOICE_BUILD_RETRY_BASE_SECONDS": "2",
+    "COSYVOICE_BUILD_MAX_ATTEMPTS": "3",
+    "COSYVOICE_BUILD_BACKOFF_LIMIT": "0",
+}
+
+
+class OperatorProcess:
+    """``cosyvoice-operator run -n NS`` in a subprocess, with its log kept for failures."""
+
+    def __init__(self, cluster: Cluster, namespace: str, log_dir: Path, **env: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.env = {**cluster.env, **FAST_SETTINGS, **env}
+        self.log_path = log_dir / f"operator-{namespace}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cosyvoice_operator", "run", "-n", self.namespace],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as when a node dies or the pod is OOM-killed."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+
+def wait_for(
+    what: str, probe: Callable[[], T | None], timeout: float = 60, interval: float = 0.5
+) -> T:
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def get_json(cluster: Cluster, *args: str) -> Any:
+    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+
+
+def service(
+    name: str,
+    uri: str = "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
+    variant: str = "cosyvoice3",
+    **spec: Any,
+) -> str:
+    body: dict[str, Any] = {
+        "apiVersion": "tts.cosyvoice.dev/v1alpha1",
+        "kind": "CosyVoiceService",
+        "metadata": {"name": name},
+        "spec": {"model": {"variant": variant, "uri": uri}, **spec},
+    }
+    return json.dumps(body)
+
+
+def cache_claim(name: str = "cosyvoice-engines") -> str:
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "resources": {"requests": {"storage": "100Gi"}},
+            },
+        }
+    )
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0", "false")

@@ -1,0 +1,358 @@
+"""Engine lifecycle against the real control plane: the operator runs as a process, the Job
+controller and scheduler are real, kwok plays the build pods (they succeed after a few
+seconds, or fail for the model URI hf://simulated/build-failure)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Cluster
+from tests.integration.operator_process import (
+    OperatorProcess,
+    cache_claim,
+    get_json,
+    service,
+    wait_for,
+)
+
+KEY_LABEL = "tts.cosyvoice.dev/engine-key"
+L20 = {"nvidia.com/gpu.product": "NVIDIA-L20"}
+
+
+@pytest.fixture
+def ns(cluster: Cluster) -> Iterator[str]:
+    name = cluster.namespace("engine")
+    cluster.kubectl("apply", "-n", name, "-f", "-", input=cache_claim())
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture
+def operator(cluster: Cluster, ns: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(cluster, ns, tmp_path).start()
+    yield op
+    op.stop()
+    print(op.log())  # captured: pytest shows it only when the test failed
+
+
+def jobs(cluster: Cluster, ns: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get_json(cluster, "jobs", "-n", ns)["items"]
+    return items
+
+
+def cvs(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = get_json(cluster, "cvs", name, "-n", ns)
+    return obj
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    for c in obj.get("status", {}).get("conditions", []):
+        if c["type"] == kind:
+            return dict(c)
+    return {}
+
+
+def wait_engine_ready(cluster: Cluster, ns: str, name: str, timeout: float = 60) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        obj = cvs(cluster, ns, name)
+        return obj if condition(obj, "EngineReady").get("status") == "True" else None
+
+    return wait_for(f"{name} EngineReady", probe, timeout)
+
+
+def pod_product(cluster: Cluster, ns: str, job: str) -> str:
+    pods = get_json(cluster, "pods", "-n", ns, "-l", f"job-name={job}")["items"]
+    assert pods, f"no pod for {job}"
+    node = pods[0]["spec"]["nodeName"]
+    labels = get_json(cluster, "node", node)["metadata"]["labels"]
+    return str(labels["nvidia.com/gpu.product"])
+
+
+def test_service_builds_on_the_right_product_and_a_twin_reuses_it(
+    cluster: Cluster, ns: str, operator: OperatorProcess
+) -> None:
+    cluster.kubectl(
+        "apply", "-n", ns, "-f", "-", input=service("first", serving={"nodeSelector": L20})
+    )
+    first = wait_engine_ready(cluster, ns, "first")
+    [entry] = first["status"]["engines"]
+    assert entry["gpuProduct"] == "NVIDIA-L20" and entry["gpuArch"] == "sm_89"
+    assert entry["state"] == "Ready"
+    [job] = jobs(cluster, ns)
+    assert job["metadata"]["labels"][KEY_LABEL] == entry["key"]
+    assert not job["metadata"].get("ownerReferences")  # engines outlive any one service
+    assert pod_product(cluster, ns, job["metadata"]["name"]) == "NVIDIA-L20"
+    record = get_json(cluster, "configmap", "-n", ns, "-l", f"{KEY_LABEL}={entry['key']}")
+    assert len(record["items"]) == 1
+
+    # A second service asking for the same engine: no Job, ready at once.
+    cluster.kubectl(
+        "apply",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        input=service("second", replicas=3, serving={"nodeSelector": L20, "instancesPerGpu": 2}),
+    )
+    second = wait_engine_ready(cluster, ns, "second", timeout=15)
+    assert second["status"]["engines"][0]["key"] == entry["key"]
+    assert len(jobs(cluster, ns)) == 1
+    out = cluster.kubectl("get", "cvs", "-n", ns).stdout
+    assert "second" in out and "Ready" in out
+
+
+def test_scaling_changes_make_no_job_and_a_precision_change_makes_one(
+    cluster: Cluster, ns: str, operator: OperatorProcess
+) -> None:
+    cluster.kubectl(
+        "apply", "-n", ns, "-f", "-", input=service("svc", serving={"nodeSelector": L20})
+    )
+    key = wait_engine_ready(cluster, ns, "svc")["status"]["engines"][0]["key"]
+    cluster.kubectl(
+        "patch",
+        "cvs",
+        "svc",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"replicas": 3, "autoscaling": {"enabled": True, "maxReplicas": 6}}}),
+    )
+    cluster.kubectl("scale", "cvs", "svc", "-n", ns, "--replicas=5")
+    # Let several reconciles (create/update/timer at 1 s) pass.
+    wait_for(
+        "the spec change to be observed",
+        lambda: cvs(cluster, ns, "svc")["status"].get("observedGeneration", 0) >= 3,
+        timeout=20,
+    )
+    time.sleep(3)
+    assert len(jobs(cluster, ns)) == 1
+    assert cvs(cluster, ns, "svc")["status"]["engines"][0]["key"] == key
+
+    cluster.kubectl(
+        "patch",
+        "cvs",
+        "svc",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"engine": {"precision": "float16"}}}),
+    )
+
+    def new_key() -> str | None:
+        st = cvs(cluster, ns, "svc")["status"]
+        k = st["engines"][0]["key"]
+        return (
+            k
+            if k != key and condition(cvs(cluster, ns, "svc"), "EngineReady")["status"] == "True"
+            else None
+        )
+
+    fp16 = wait_for("the float16 engine", new_key)
+    all_jobs = jobs(cluster, ns)
+    assert len(all_jobs) == 2
+    assert {j["metadata"]["labels"][KEY_LABEL] for j in all_jobs} == {key, fp16}
+
+
+def test_mixed_fleet_builds_one_engine_per_architecture_each_pinned(
+    cluster: Cluster, ns: str, operator: OperatorProcess
+) -> None:
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=service("mixed"))
+    obj = wait_engine_ready(cluster, ns, "mixed")
+    entries = {e["gpuProduct"]: e for e in obj["status"]["engines"]}
+    assert set(entries) == {"NVIDIA-L20", "NVIDIA-H100-80GB-HBM3"}
+    assert entries["NVIDIA-L20"]["gpuArch"] == "sm_89"
+    assert entries["NVIDIA-H100-80GB-HBM3"]["gpuArch"] == "sm_90"
+    assert entries["NVIDIA-L20"]["key"] != entries["NVIDIA-H100-80GB-HBM3"]["key"]
+    by_key = {j["metadata"]["labels"][KEY_LABEL]: j for j in jobs(cluster, ns)}
+    assert len(by_key) == 2
+    for product, entry in entries.items():
+        job = by_key[entry["key"]]
+        terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert terms[0]["matchExpressions"][0]["values"] == [product]
+        assert pod_product(cluster, ns, job["metadata"]["name"]) == product
+    assert obj["status"]["engineSummary"] == "Ready 2/2"
+
+
+def test_operator_killed_mid_build_adopts_the_job(
+    cluster: Cluster, ns: str, tmp_path: Path
+) -> None:
+    slow = {"COSYVOICE_BUILD_POD_ANNOTATIONS": json.dumps({"kwok.cosyvoice.dev/run-for": "15s"})}
+    op = OperatorProcess(cluster, ns, tmp_path, **slow).start()
+    try:
+        cluster.kubectl(
+            "apply", "-n", ns, "-f", "-", input=service("slow", serving={"nodeSelector": L20})
+        )
+
+        def building() -> dict[str, Any] | None:
+            obj = cvs(cluster, ns, "slow")
+            return obj if obj.get("status", {}).get("phase") == "BuildingEngine" else None
+
+        wait_for("a build in flight", building)
+        [job] = jobs(cluster, ns)
+        assert not job["status"].get("succeeded")
+        op.kill()
+        op = OperatorProcess(cluster, ns, tmp_path, **slow).start()
+        obj = wait_engine_ready(cluster, ns, "slow", timeout=60)
+        after = jobs(cluster, ns)
+        assert [j["metadata"]["uid"] for j in after] == [job["metadata"]["uid"]]
+        assert obj["status"]["engines"][0]["job"] == job["metadata"]["name"]
+    finally:
+        op.stop()
+
+
+def test_failing_build_reports_its_message_and_retries_with_backoff_then_stops(
+    cluster: Cluster, ns: str, operator: OperatorProcess
+) -> None:
+    cluster.kubectl(
+        "apply",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        input=service("broken", uri="hf://simulated/build-failure", serving={"nodeSelector": L20}),
+    )
+
+    def failed_once() -> dict[str, Any] | None:
+        obj = cvs(cluster, ns, "broken")
+        engines = obj.get("status", {}).get("engines") or []
+        return obj if engines and engines[0]["state"] == "Failed" else None
+
+    obj = wait_for("the first failure", failed_once)
+    entry = obj["status"]["engines"][0]
+    assert "simulated failure: trtllm-build exited with status 1" in entry["message"]
+    assert "step build" in entry["message"]
+    assert condition(obj, "EngineReady")["reason"] == "BuildFailed"
+
+    created: dict[int, float] = {}
+
+    def attempts_seen() -> bool:
+        for j in jobs(cluster, ns):
+            n = int(j["metadata"]["labels"]["tts.cosyvoice.dev/attempt"])
+            created.setdefault(n, time.monotonic())
+        return 3 in created
+
+    wait_for("three attempts", attempts_seen, timeout=90, interval=0.2)
+
+    def gave_up() -> dict[str, Any] | None:
+        o = cvs(cluster, ns, "broken")
+        e = o["status"]["engines"][0]
+        return o if e["attempts"] == 3 and "Gave up" in e["message"] else None
+
+    final = wait_for("the operator to give up", gave_up, timeout=60)
+    # Backoff: attempt 2 waits >= 2 s after attempt 1 failed, attempt 3 >= 4 s after attempt 2.
+    stamps = {
+        int(j["metadata"]["labels"]["tts.cosyvoice.dev/attempt"]): j for j in jobs(cluster, ns)
+    }
+
+    def failed_at(n: int) -> float:
+        conds = {c["type"]: c for c in stamps[n]["status"]["conditions"]}
+        return _epoch(conds["Failed"]["lastTransitionTime"])
+
+    def created_at(n: int) -> float:
+        return _epoch(stamps[n]["metadata"]["creationTimestamp"])
+
+    assert created_at(2) - failed_at(1) >= 2 - 1  # whole-second timestamps
+    assert created_at(3) - failed_at(2) >= 4 - 1
+    assert final["status"]["phase"] == "Failed"
+    time.sleep(6)  # beyond the next backoff: no fourth attempt
+    assert sorted(stamps) == [1, 2, 3]
+    assert len(jobs(cluster, ns)) == 3
+    events = cluster.kubectl(
+        "get", "events", "-n", ns, "--field-selector", "involvedObject.name=broken", "-o", "json"
+    ).stdout
+    reasons = {e["reason"] for e in json.loads(events)["items"]}
+    assert {"EngineBuildStarted", "EngineBuildFailed"} <= reasons
+
+
+def _epoch(stamp: str) -> float:
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+@pytest.mark.parametrize(
+    ("case", "spec", "reason", "needle"),
+    [
+        (
+            "unknown-product",
+            {"engine": {"gpuProducts": ["NVIDIA-Quantum-9000"]}},
+            "UnknownGPUProduct",
+            "NVIDIA-Quantum-9000",
+        ),
+        (
+            "missing-secret",
+            {
+                "model": {
+                    "variant": "cosyvoice3",
+                    "uri": "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
+                    "credentialsSecret": "hf-token",
+                }
+            },
+            "CredentialsSecretMissing",
+            "hf-token",
+        ),
+        ("missing-claim", {"engine": {"cacheClaimName": "nope"}}, "CacheClaimMissing", "nope"),
+        (
+            "no-nodes",
+            {"serving": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"}}},
+            "NoEligibleGPUNodes",
+            "nodeSelector",
+        ),
+    ],
+)
+def test_blocked_services_say_why_and_make_no_jobs(
+    cluster: Cluster,
+    ns: str,
+    operator: OperatorProcess,
+    case: str,
+    spec: dict[str, Any],
+    reason: str,
+    needle: str,
+) -> None:
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=service(case, **spec))
+
+    def blocked() -> dict[str, Any] | None:
+        c = condition(cvs(cluster, ns, case), "EngineReady")
+        return c if c.get("reason") == reason else None
+
+    cond = wait_for(f"EngineReady reason {reason}", blocked, timeout=30)
+    assert cond["status"] == "False"
+    assert needle in cond["message"]
+    time.sleep(3)  # several resyncs
+    assert jobs(cluster, ns) == []
+
+
+def test_missing_claim_then_created_starts_the_build(
+    cluster: Cluster, ns: str, operator: OperatorProcess
+) -> None:
+    cluster.kubectl(
+        "apply",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        input=service(
+            "later", engine={"cacheClaimName": "late-cache"}, serving={"nodeSelector": L20}
+        ),
+    )
+    wait_for(
+        "CacheClaimMissing",
+        lambda: (
+            condition(cvs(cluster, ns, "later"), "EngineReady").get("reason") == "CacheClaimMissing"
+        ),
+    )
+    assert jobs(cluster, ns) == []
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=cache_claim("late-cache"))
+    obj = wait_engine_ready(cluster, ns, "later")
+    assert len(jobs(cluster, ns)) == 1
+    assert obj["status"]["phase"] == "Deploying"
