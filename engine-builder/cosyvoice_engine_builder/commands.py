@@ -205,9 +205,7 @@ SPEAKER_EMBEDDING_PLAN = PlanSpec(
 
 
 def _shapes(profiles: tuple[ShapeProfile, ...], which: str) -> str:
-    return ",".join(
-        f"{p.name}:{'x'.join(str(d) for d in getattr(p, which))}" for p in profiles
-    )
+    return ",".join(f"{p.name}:{'x'.join(str(d) for d in getattr(p, which))}" for p in profiles)
 
 
 def trtexec_argv(

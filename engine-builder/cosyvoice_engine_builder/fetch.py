@@ -27,7 +27,15 @@ from cosyvoice_engine_builder.toolchain import find_executable
 
 
 class FetchError(Exception):
-    """The model could not be fetched; the message says from where and why."""
+    """The model could not be fetched; the message says from where and why.
+
+    ``permanent``: retrying cannot help (the path does not exist), as opposed to a
+    download that may succeed next time.
+    """
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 class HfSnapshotDownload(Protocol):
@@ -41,7 +49,7 @@ class S3Client(Protocol):
 
     def get_paginator(self, operation_name: str) -> Any: ...
 
-    def download_file(self, Bucket: str, Key: str, Filename: str) -> None: ...  # noqa: N803
+    def download_file(self, Bucket: str, Key: str, Filename: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -111,10 +119,11 @@ def fetch_model(
         echo(f"note: --revision {request.revision!r} is recorded but not used for {scheme}://")
     if scheme == "pvc":
         if not target.is_dir():
+            mount = request.pvc_root / request.source.authority
             raise FetchError(
                 f"{request.source.uri}: {target} does not exist; is the claim "
-                f"{request.source.authority!r} mounted at {request.pvc_root / request.source.authority}"
-                " and does the path exist inside it?"
+                f"{request.source.authority!r} mounted at {mount} and does the path exist in it?",
+                permanent=True,
             )
         return target
 
@@ -139,12 +148,12 @@ def fetch_model(
     aws = environ.get("AWS_CLI") or "aws"
     if downloaders.s3_client_factory is None and find_executable(aws, environ) is not None:
         try:
-            runner.run(
-                Command(_aws_sync_argv(aws, request, target), env=environ, timeout=timeout)
-            )
+            runner.run(Command(_aws_sync_argv(aws, request, target), env=environ, timeout=timeout))
         except CommandFailed as exc:
             detail = "\n".join(exc.tail()[-10:])
-            raise FetchError(f"aws s3 sync from {request.source.uri} failed: {exc}\n{detail}") from exc
+            raise FetchError(
+                f"aws s3 sync from {request.source.uri} failed: {exc}\n{detail}"
+            ) from exc
     else:
         _boto3_download(request, target, downloaders.s3_client_factory or _real_s3_client, echo)
     if not any(target.iterdir()):
@@ -174,7 +183,9 @@ def _boto3_download(
                     continue
                 parts = PurePosixPath(rel).parts
                 if ".." in parts or rel.startswith("/"):
-                    raise FetchError(f"s3://{bucket}/{key}: refusing a key that leaves {target}")
+                    raise FetchError(
+                        f"s3://{bucket}/{key}: refusing a key that leaves {target}", permanent=True
+                    )
                 dest = target.joinpath(*parts)
                 # A retry after a crash keeps what already arrived whole.
                 if dest.is_file() and dest.stat().st_size == int(obj.get("Size", -1)):

@@ -116,9 +116,7 @@ def verify_engine_dir(engine_dir: Path, key: str) -> Verification:
             f"expected {SCHEMA_VERSION}"
         )
     if data.get("key") != key:
-        result.problems.append(
-            f"{manifest_path} is for key {data.get('key')!r}, not {key!r}"
-        )
+        result.problems.append(f"{manifest_path} is for key {data.get('key')!r}, not {key!r}")
     files = data.get("files")
     if not isinstance(files, list) or not files:
         result.problems.append(f"{manifest_path} lists no files")
@@ -133,7 +131,9 @@ def verify_engine_dir(engine_dir: Path, key: str) -> Verification:
             continue
         size = path.stat().st_size
         if size != entry.get("size"):
-            result.problems.append(f"{entry['path']}: size {size}, manifest says {entry.get('size')}")
+            result.problems.append(
+                f"{entry['path']}: size {size}, manifest says {entry.get('size')}"
+            )
             continue
         if sha256_file(path) != entry.get("sha256"):
             result.problems.append(f"{entry['path']}: sha256 does not match the manifest")

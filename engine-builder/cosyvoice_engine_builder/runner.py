@@ -43,6 +43,14 @@ class Command:
     def display(self) -> str:
         return shlex.join(self.argv)
 
+    @property
+    def tool(self) -> str:
+        """The program's name for messages: the script, when run by an interpreter."""
+        name = Path(self.argv[0]).name
+        if name.startswith("python") and len(self.argv) > 1 and not self.argv[1].startswith("-"):
+            return Path(self.argv[1]).name
+        return name
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -56,7 +64,7 @@ class CommandFailed(Exception):
     """A command did not start, exited non-zero, or ran out of time."""
 
     def __init__(self, command: Command, reason: str, result: CommandResult | None) -> None:
-        super().__init__(f"{Path(command.argv[0]).name}: {reason}")
+        super().__init__(f"{command.tool}: {reason}")
         self.command = command
         self.reason = reason
         self.result = result

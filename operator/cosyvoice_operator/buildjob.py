@@ -377,12 +377,14 @@ def assess(
     """The state of one engine from its record, its Jobs and the pods of its latest Job."""
     latest = max(jobs, key=_attempt) if jobs else None
     if record is not None:
+        data = record.get("data") or {}
+        built_by = str(data.get("job", ""))
+        attempt_suffix = built_by.rpartition("-a")[2]
         return EngineState(
             "Ready",
-            f"built by {record.get('data', {}).get('job', '?')} at "
-            f"{record.get('data', {}).get('builtAt', '?')}",
-            job=str(record.get("data", {}).get("job", "")),
-            attempts=_attempt(latest) if latest else 0,
+            f"built by {built_by or '?'} at {data.get('builtAt', '?')}",
+            job=built_by,
+            attempts=int(attempt_suffix) if attempt_suffix.isdigit() else 0,
         )
     if latest is None:
         return EngineState("Pending", "build Job to be created", action="create", next_attempt=1)

@@ -1,0 +1,512 @@
+"""The build, step by step: fetch, convert, build, two TensorRT plans, publish.
+
+Each step but publish is resumable through :mod:`~cosyvoice_engine_builder.steps`;
+publish is atomic through :mod:`~cosyvoice_engine_builder.publish`. The whole build runs
+under the key's lock, and is skipped when ``<cache-dir>/<key>`` already verifies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from cosyvoice_engine_builder import commands
+from cosyvoice_engine_builder.commands import PlanSpec, ToolPaths
+from cosyvoice_engine_builder.fetch import Downloaders, FetchError, fetch_model, model_dir
+from cosyvoice_engine_builder.fetch import describe as describe_fetch
+from cosyvoice_engine_builder.layout import (
+    ENGINE_LLM_DIR,
+    ENGINE_MODEL_DIR,
+    ENGINE_PLANS_DIR,
+    LayoutError,
+    ModelLayout,
+    assumed_layout,
+    resolve_layout,
+)
+from cosyvoice_engine_builder.lock import exclusive_lock
+from cosyvoice_engine_builder.manifest import SCHEMA_VERSION, verify_engine_dir
+from cosyvoice_engine_builder.progress import Console, StepLog
+from cosyvoice_engine_builder.publish import Placement, publish
+from cosyvoice_engine_builder.redaction import without_secrets
+from cosyvoice_engine_builder.request import BuildRequest, Precision
+from cosyvoice_engine_builder.runner import Command, CommandFailed, Runner
+from cosyvoice_engine_builder.steps import StepMarkers, params_digest
+from cosyvoice_engine_builder.toolchain import (
+    ToolchainError,
+    Versions,
+    check_gpu_arch,
+    probe_versions,
+    require_executable,
+    require_script,
+)
+
+STEPS: tuple[str, ...] = ("fetch", "convert", "build", "plan-flow", "plan-campplus", "publish")
+
+
+class BuildFailed(Exception):
+    """A step failed; ``tail`` holds the failing tool's last output lines, if any.
+
+    ``permanent`` marks failures a retry cannot fix (a file missing from the model, a
+    tool missing from the image, the wrong GPU); the CLI exits 2 for them so the Job's
+    pod failure policy stops at once instead of burning retries.
+    """
+
+    def __init__(
+        self, step: str, message: str, tail: Sequence[str] = (), *, permanent: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.step = step
+        self.message = message
+        self.tail = tuple(tail)
+        self.permanent = permanent
+
+
+@dataclass(frozen=True)
+class Outcome:
+    engine_dir: Path
+    seconds: float
+    already_built: bool
+
+
+def _present(path: Path) -> bool:
+    if path.is_dir():
+        return True
+    return path.is_file() and path.stat().st_size > 0
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+class Pipeline:
+    def __init__(
+        self,
+        request: BuildRequest,
+        *,
+        environ: Mapping[str, str],
+        console: Console,
+        runner: Runner,
+        downloaders: Downloaders | None = None,
+        step_timeout: float | None = None,
+        lock_timeout: float | None = None,
+    ) -> None:
+        self.request = request
+        self.environ = environ
+        self.console = console
+        self.runner = runner
+        self.downloaders = downloaders or Downloaders()
+        self.step_timeout = step_timeout
+        self.lock_timeout = lock_timeout
+        self.tools = ToolPaths.from_environ(environ)
+        # Converters and compilers get no credentials; only the S3 fetch needs them.
+        self.tool_env = without_secrets(environ)
+        self.markers = StepMarkers(request.work_dir / "steps")
+        # What a failure is reported against; the CLI reads it for unexpected errors.
+        self.current_step = "preflight"
+
+    # Paths in the scratch directory.
+    @property
+    def weights_dir(self) -> Path:
+        return self.request.work_dir / "trt_weights"
+
+    @property
+    def engines_dir(self) -> Path:
+        return self.request.work_dir / "trt_engines"
+
+    @property
+    def plans_dir(self) -> Path:
+        return self.request.work_dir / "plans"
+
+    # The command lines, shared by the run, the digests and the dry run.
+    def convert_argv(self, layout: ModelLayout) -> tuple[str, ...]:
+        r = self.request
+        return commands.convert_argv(
+            self.tools, r.precision, layout.llm_dir, self.weights_dir, r.tensor_parallel_size
+        )
+
+    def build_argv(self) -> tuple[str, ...]:
+        r = self.request
+        return commands.build_argv(
+            self.tools,
+            r.precision,
+            self.weights_dir,
+            self.engines_dir,
+            r.max_batch_size,
+            r.max_num_tokens,
+        )
+
+    def plan_path(self, spec: PlanSpec, versions: Versions) -> Path:
+        return self.plans_dir / spec.plan_name(self.request.gpu_arch, versions.tensorrt)
+
+    def plan_argv(self, spec: PlanSpec, onnx: Path, versions: Versions) -> tuple[str, ...]:
+        return commands.trtexec_argv(self.tools, spec, onnx, self.plan_path(spec, versions))
+
+    def _flow_spec(self) -> PlanSpec:
+        return commands.FLOW_ESTIMATOR_PLANS[self.request.variant]
+
+    # Each digest chains the digest of the step it consumes, so a refetch reruns
+    # everything downstream even when a later command line happens to be unchanged.
+    def _fetch_digest(self) -> str:
+        r = self.request
+        return params_digest(
+            {"uri": r.source.uri, "revision": r.revision, "modelDir": str(model_dir(r))}
+        )
+
+    @staticmethod
+    def _convert_digest(after: str, argv: tuple[str, ...], versions: Versions) -> str:
+        return params_digest({"after": after, "argv": argv, "tensorrtLlm": versions.tensorrt_llm})
+
+    @staticmethod
+    def _build_digest(after: str, argv: tuple[str, ...], versions: Versions) -> str:
+        return params_digest(
+            {
+                "after": after,
+                "argv": argv,
+                "tensorrt": versions.tensorrt,
+                "tensorrtLlm": versions.tensorrt_llm,
+            }
+        )
+
+    @staticmethod
+    def _plan_digest(after: str, argv: tuple[str, ...], versions: Versions) -> str:
+        return params_digest({"after": after, "argv": argv, "tensorrt": versions.tensorrt})
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> Outcome:
+        started = time.monotonic()
+        r = self.request
+        self.current_step = "check"
+        if verify_engine_dir(r.engine_dir, r.key).ok:
+            self.console.out(f"already built: {r.engine_dir} verifies; nothing to do")
+            return Outcome(r.engine_dir, time.monotonic() - started, already_built=True)
+
+        self.current_step = "lock"
+
+        def waiting(waited: float, holder: str) -> None:
+            self.console.out(f"[lock] waiting for {r.lock_path}, held by {holder} ({waited:.0f}s)")
+
+        with exclusive_lock(r.lock_path, timeout=self.lock_timeout, on_wait=waiting):
+            # The builder we waited for may have just finished this very key.
+            if verify_engine_dir(r.engine_dir, r.key).ok:
+                self.console.out(f"already built (by another builder): {r.engine_dir}")
+                return Outcome(r.engine_dir, time.monotonic() - started, already_built=True)
+            return self._build(started)
+
+    def _build(self, started: float) -> Outcome:
+        r = self.request
+        self.console.out(
+            f"building engine {r.key}: {r.variant.value} {r.precision.value} "
+            f"tp={r.tensor_parallel_size} max_batch_size={r.max_batch_size} "
+            f"max_num_tokens={r.max_num_tokens} for {r.gpu_arch} from {r.source.uri}"
+            f"{'@' + r.revision if r.revision else ''}"
+        )
+        self.current_step = "preflight"
+        versions = self._preflight()
+
+        fetch_digest, layout = self._fetch(1)
+        convert_digest = self._convert(2, layout, fetch_digest, versions)
+        self._build_engine(3, convert_digest, versions)
+        flow_plan = self._plan(
+            4, "plan-flow", self._flow_spec(), layout.flow_estimator_onnx, fetch_digest, versions
+        )
+        speaker_plan = self._plan(
+            5,
+            "plan-campplus",
+            commands.SPEAKER_EMBEDDING_PLAN,
+            layout.campplus_onnx,
+            fetch_digest,
+            versions,
+        )
+        engine_dir = self._publish(6, layout, versions, flow_plan, speaker_plan)
+        self._clean_work()
+        seconds = time.monotonic() - started
+        self.console.out(f"engine {r.key} ready at {engine_dir} after {seconds:.1f}s")
+        return Outcome(engine_dir, seconds, already_built=False)
+
+    def _preflight(self) -> Versions:
+        try:
+            versions = probe_versions(self.runner, self.tools.python, self.environ, self.tool_env)
+            gpu_note = check_gpu_arch(
+                self.runner, self.request.gpu_arch, self.environ, self.tool_env
+            )
+        except ToolchainError as exc:
+            raise BuildFailed("preflight", str(exc), permanent=True) from exc
+        self.console.out(
+            f"[preflight] TensorRT {versions.tensorrt}, TensorRT-LLM {versions.tensorrt_llm}, "
+            f"builder {versions.builder}; {gpu_note}"
+        )
+        return versions
+
+    def _step(
+        self,
+        index: int,
+        name: str,
+        digest: str,
+        outputs: Sequence[Path],
+        action: Callable[[StepLog], None],
+        *,
+        clean: Sequence[Path] = (),
+    ) -> None:
+        self.current_step = name
+        log = StepLog(self.console, index, len(STEPS), name)
+        if self.markers.is_done(name, digest) and all(_present(p) for p in outputs):
+            log.line("skipped: done in an earlier attempt with the same inputs")
+            return
+        self.markers.clear(name)
+        # Whatever a crashed attempt left behind is not trusted: the tools would mix
+        # old and new ranks or refuse to overwrite.
+        for path in clean:
+            _remove(path)
+        log.line("starting")
+        try:
+            action(log)
+        except CommandFailed as exc:
+            raise BuildFailed(
+                name, f"{exc} (command: {exc.command.display()})", exc.tail()
+            ) from exc
+        except (ToolchainError, LayoutError) as exc:
+            raise BuildFailed(name, str(exc), permanent=True) from exc
+        except FetchError as exc:
+            raise BuildFailed(name, str(exc), permanent=exc.permanent) from exc
+        missing = [str(p) for p in outputs if not _present(p)]
+        if missing:
+            raise BuildFailed(name, f"{name} finished but did not produce {', '.join(missing)}")
+        self.markers.mark_done(name, digest)
+        log.line("done")
+
+    def _run_tool(self, log: StepLog, argv: tuple[str, ...]) -> None:
+        command = Command(argv, env=self.tool_env, timeout=self.step_timeout)
+        log.line(f"running {command.display()}")
+        self.runner.run(command, heartbeat=log.heartbeat)
+
+    def _fetch(self, index: int) -> tuple[str, ModelLayout]:
+        r = self.request
+        digest = self._fetch_digest()
+        target = model_dir(r)
+
+        def action(log: StepLog) -> None:
+            log.line(describe_fetch(r, self.environ))
+            fetch_model(
+                r,
+                downloaders=self.downloaders,
+                runner=self.runner,
+                environ=self.environ,
+                echo=log.line,
+                timeout=self.step_timeout,
+            )
+
+        self._step(index, "fetch", digest, [target], action)
+        try:
+            layout = resolve_layout(target, r.variant)
+        except LayoutError as exc:
+            # The files the marker vouched for are gone or wrong: fetch again next time.
+            self.markers.clear("fetch")
+            raise BuildFailed("fetch", str(exc), permanent=True) from exc
+        return digest, layout
+
+    def _convert(self, index: int, layout: ModelLayout, after: str, versions: Versions) -> str:
+        r = self.request
+        argv = self.convert_argv(layout)
+        digest = self._convert_digest(after, argv, versions)
+        outputs = [self.weights_dir / "config.json"] + [
+            self.weights_dir / f"rank{i}.safetensors" for i in range(r.tensor_parallel_size)
+        ]
+
+        def action(log: StepLog) -> None:
+            if r.precision is Precision.FP8:
+                require_script(self.tools.quantize_script, "TRTLLM_QUANTIZE")
+            else:
+                require_script(self.tools.convert_script, "TRTLLM_QWEN_CONVERT")
+            self._run_tool(log, argv)
+
+        self._step(index, "convert", digest, outputs, action, clean=[self.weights_dir])
+        return digest
+
+    def _build_engine(self, index: int, after: str, versions: Versions) -> None:
+        argv = self.build_argv()
+        digest = self._build_digest(after, argv, versions)
+        outputs = [self.engines_dir / "config.json"] + [
+            self.engines_dir / f"rank{i}.engine" for i in range(self.request.tensor_parallel_size)
+        ]
+
+        def action(log: StepLog) -> None:
+            require_executable(self.tools.trtllm_build, "TRTLLM_BUILD", self.environ)
+            self._run_tool(log, argv)
+
+        self._step(index, "build", digest, outputs, action, clean=[self.engines_dir])
+
+    def _plan(
+        self,
+        index: int,
+        name: str,
+        spec: PlanSpec,
+        onnx: Path,
+        after: str,
+        versions: Versions,
+    ) -> Path:
+        argv = self.plan_argv(spec, onnx, versions)
+        plan = self.plan_path(spec, versions)
+        digest = self._plan_digest(after, argv, versions)
+
+        def action(log: StepLog) -> None:
+            require_executable(self.tools.trtexec, "TRTEXEC", self.environ)
+            plan.parent.mkdir(parents=True, exist_ok=True)
+            self._run_tool(log, argv)
+
+        self._step(index, name, digest, [plan], action, clean=[plan])
+        return plan
+
+    def _publish(
+        self,
+        index: int,
+        layout: ModelLayout,
+        versions: Versions,
+        flow_plan: Path,
+        speaker_plan: Path,
+    ) -> Path:
+        r = self.request
+        self.current_step = "publish"
+        log = StepLog(self.console, index, len(STEPS), "publish")
+        flow_rel = f"{ENGINE_PLANS_DIR}/{flow_plan.name}"
+        speaker_rel = f"{ENGINE_PLANS_DIR}/{speaker_plan.name}"
+        tokenizer_rel = "/".join(p for p in (ENGINE_MODEL_DIR, layout.llm_subpath) if p)
+
+        def manifest_for(files: list[dict[str, Any]]) -> dict[str, Any]:
+            return {
+                "schemaVersion": SCHEMA_VERSION,
+                "key": r.key,
+                "variant": r.variant.value,
+                "model": {"uri": r.source.uri, "revision": r.revision},
+                "precision": r.precision.value,
+                "tensorParallelSize": r.tensor_parallel_size,
+                "maxBatchSize": r.max_batch_size,
+                "maxNumTokens": r.max_num_tokens,
+                "gpuArch": r.gpu_arch,
+                "versions": {
+                    "tensorrt": versions.tensorrt,
+                    "tensorrtLlm": versions.tensorrt_llm,
+                    "builder": versions.builder,
+                },
+                "createdAt": datetime.now(UTC).isoformat(timespec="seconds"),
+                "layout": {
+                    "llmEngineDir": ENGINE_LLM_DIR,
+                    "modelDir": ENGINE_MODEL_DIR,
+                    "tokenizerDir": tokenizer_rel,
+                    "flowEstimatorPlan": flow_rel,
+                    "speakerEmbeddingPlan": speaker_rel,
+                },
+                "files": files,
+            }
+
+        log.line(f"assembling {r.partial_dir}")
+        result = publish(
+            cache_dir=r.cache_dir,
+            key=r.key,
+            placements=[
+                Placement(self.engines_dir, ENGINE_LLM_DIR),
+                Placement(flow_plan, flow_rel),
+                Placement(speaker_plan, speaker_rel),
+                Placement(layout.root, ENGINE_MODEL_DIR, skip_hidden=True),
+            ],
+            manifest_for=manifest_for,
+            echo=log.line,
+        )
+        if result.already_present:
+            log.line(f"{result.engine_dir} appeared meanwhile and verifies; kept it")
+        else:
+            log.line(f"published {result.engine_dir}")
+        return result.engine_dir
+
+    def _clean_work(self) -> None:
+        # Only what the builder itself created: --work-dir may point somewhere shared.
+        work = self.request.work_dir
+        owned = [self.weights_dir, self.engines_dir, self.plans_dir, work / "steps"]
+        if self.request.source.scheme != "pvc":
+            owned.append(model_dir(self.request))
+        for path in owned:
+            shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            work.rmdir()
+
+    # -------------------------------------------------------------- dry run
+
+    def dry_run(self) -> None:
+        r = self.request
+        out = self.console.out
+        out("dry run: nothing is fetched, built or written")
+        out(
+            f"key {r.key}: {r.variant.value} {r.precision.value} tp={r.tensor_parallel_size} "
+            f"max_batch_size={r.max_batch_size} max_num_tokens={r.max_num_tokens} {r.gpu_arch}"
+        )
+        built = verify_engine_dir(r.engine_dir, r.key).ok
+        already = " (already built: the run would exit 0 now)" if built else ""
+        out(f"engine dir: {r.engine_dir}{already}")
+        out(f"work dir: {r.work_dir}")
+        out(f"lock: {r.lock_path}")
+        try:
+            versions = probe_versions(self.runner, self.tools.python, self.environ, self.tool_env)
+        except ToolchainError as exc:
+            out(f"warning: {exc}".splitlines()[0])
+            versions = Versions(tensorrt="<tensorrt-version>", tensorrt_llm="<trtllm-version>")
+        out(
+            f"TensorRT {versions.tensorrt}, TensorRT-LLM {versions.tensorrt_llm}, "
+            f"builder {versions.builder}"
+        )
+
+        target = model_dir(r)
+        layout = assumed_layout(target, r.variant)
+        if target.is_dir():
+            try:
+                layout = resolve_layout(target, r.variant)
+            except LayoutError as exc:
+                out(f"warning: {exc}")
+        else:
+            out(f"note: {target} does not exist yet; assuming the LLM at {layout.llm_dir}")
+
+        fetch_digest = self._fetch_digest()
+        total = len(STEPS)
+
+        def step(index: int, name: str, text: str, digest: str | None = None) -> None:
+            done = digest is not None and self.markers.is_done(name, digest)
+            skip = "  (done earlier: would skip)" if done else ""
+            out(f"[step {index}/{total}] {name}: {text}{skip}")
+
+        step(1, "fetch", describe_fetch(r, self.environ), fetch_digest)
+        convert = self.convert_argv(layout)
+        convert_digest = self._convert_digest(fetch_digest, convert, versions)
+        step(2, "convert", Command(convert).display(), convert_digest)
+        build = self.build_argv()
+        step(
+            3,
+            "build",
+            Command(build).display(),
+            self._build_digest(convert_digest, build, versions),
+        )
+        for index, name, spec, onnx in (
+            (4, "plan-flow", self._flow_spec(), layout.flow_estimator_onnx),
+            (5, "plan-campplus", commands.SPEAKER_EMBEDDING_PLAN, layout.campplus_onnx),
+        ):
+            argv = self.plan_argv(spec, onnx, versions)
+            step(
+                index,
+                name,
+                Command(argv).display(),
+                self._plan_digest(fetch_digest, argv, versions),
+            )
+        step(
+            6,
+            "publish",
+            f"{self.engines_dir} -> {ENGINE_LLM_DIR}/, plans -> {ENGINE_PLANS_DIR}/, "
+            f"{target} -> {ENGINE_MODEL_DIR}/ in {r.partial_dir}; manifest.json last; "
+            f"rename to {r.engine_dir}",
+        )

@@ -1,0 +1,119 @@
+"""Crash and rerun: completed steps are skipped, the failed one and later ones rerun."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from tests.engine_builder.conftest import KEY, Builder
+
+
+def test_crash_in_build_then_rerun_skips_convert(builder: Builder) -> None:
+    crashed = builder.build(env_extra={"FAKE_FAIL": "trtllm-build"})
+    assert crashed.code == 1
+    assert builder.tools_called() == ["convert", "trtllm-build"]
+    assert crashed.termination is not None
+    assert crashed.termination["result"] == "failed"
+    assert crashed.termination["step"] == "build"
+    assert crashed.termination["key"] == KEY
+    assert "trtllm-build: exited with code 3" in crashed.termination["message"]
+    assert "trtllm-build: fatal: simulated failure" in crashed.termination["message"]
+    # A failed build publishes nothing that could be taken for an engine.
+    assert not builder.engine_dir.exists()
+    assert builder.build(dry_run=True).code == 0  # (does not disturb anything)
+
+    builder.reset_calls()
+    resumed = builder.build()
+    assert resumed.code == 0, resumed.out
+    assert builder.tools_called() == ["trtllm-build", "trtexec", "trtexec"]
+    assert "[step 2/6] convert: skipped" in resumed.out
+    assert "[step 1/6] fetch: skipped" in resumed.out
+
+
+def test_crash_in_the_last_plan_reruns_only_that_plan(builder: Builder) -> None:
+    crashed = builder.build(env_extra={"FAKE_FAIL": "trtexec", "FAKE_FAIL_ARG": "campplus"})
+    assert crashed.code == 1
+    assert crashed.termination is not None and crashed.termination["step"] == "plan-campplus"
+    assert builder.tools_called() == ["convert", "trtllm-build", "trtexec", "trtexec"]
+    builder.reset_calls()
+    resumed = builder.build()
+    assert resumed.code == 0
+    calls = builder.calls()
+    assert [c["tool"] for c in calls] == ["trtexec"]
+    assert "campplus.onnx" in calls[0]["argv"][0]
+    assert "[step 4/6] plan-flow: skipped" in resumed.out
+
+
+def test_crash_in_the_first_plan_keeps_the_llm_engine(builder: Builder) -> None:
+    crashed = builder.build(env_extra={"FAKE_FAIL": "trtexec"})
+    assert crashed.code == 1
+    assert crashed.termination is not None and crashed.termination["step"] == "plan-flow"
+    builder.reset_calls()
+    assert builder.build().code == 0
+    assert builder.tools_called() == ["trtexec", "trtexec"]
+
+
+def test_a_killed_tool_mid_step_reruns_that_step_from_clean_outputs(builder: Builder) -> None:
+    # Simulate a pod killed after convert wrote part of its output: no marker, junk left.
+    work = builder.cache / ".work" / KEY
+    assert builder.build(env_extra={"FAKE_FAIL": "trtllm-build"}).code == 1
+    (work / "trt_engines").mkdir(parents=True, exist_ok=True)
+    (work / "trt_engines" / "rank7.engine").write_text("stale rank from a crashed attempt")
+    builder.reset_calls()
+    assert builder.build().code == 0
+    assert builder.tools_called()[0] == "trtllm-build"
+    assert "llm/rank7.engine" not in {f["path"] for f in builder.manifest()["files"]}
+
+
+def test_changed_parameters_rerun_the_affected_steps_only(builder: Builder) -> None:
+    work = builder.cache / ".work" / KEY
+    assert builder.build(env_extra={"FAKE_FAIL": "trtexec"}).code == 1
+    builder.reset_calls()
+    # Same key and work dir, a different batch size: convert is still valid, build is not.
+    assert builder.build(max_batch_size=64).code == 0
+    calls = builder.calls()
+    assert [c["tool"] for c in calls] == ["trtllm-build", "trtexec", "trtexec"]
+    assert calls[0]["argv"][calls[0]["argv"].index("--max_batch_size") + 1] == "64"
+    assert not work.exists()
+
+
+def test_outputs_deleted_behind_a_marker_are_rebuilt(builder: Builder) -> None:
+    work = builder.cache / ".work" / KEY
+    assert builder.build(env_extra={"FAKE_FAIL": "trtllm-build"}).code == 1
+    marker = json.loads((work / "steps" / "convert.done").read_text())
+    assert marker["step"] == "convert" and len(marker["digest"]) == 64
+    shutil.rmtree(work / "trt_weights")
+    builder.reset_calls()
+    assert builder.build().code == 0
+    assert builder.tools_called()[:2] == ["convert", "trtllm-build"]
+
+
+def test_a_tool_that_succeeds_without_output_fails_its_step(builder: Builder) -> None:
+    result = builder.build(env_extra={"FAKE_NO_OUTPUT": "convert"})
+    assert result.code == 1
+    assert result.termination is not None
+    assert result.termination["step"] == "convert"
+    assert "did not produce" in result.termination["message"]
+    assert "trt_weights/config.json" in result.termination["message"]
+    assert not (builder.cache / ".work" / KEY / "steps" / "convert.done").exists()
+
+
+def test_leftover_partial_directory_is_discarded_not_trusted(builder: Builder) -> None:
+    partial = builder.cache / f"{KEY}.partial"
+    partial.mkdir(parents=True)
+    (partial / "junk.engine").write_text("from a publish that crashed")
+    (partial / "manifest.json").write_text("{}")
+    result = builder.build()
+    assert result.code == 0
+    assert not partial.exists()
+    assert "junk.engine" not in {f["path"] for f in builder.manifest()["files"]}
+
+
+def test_an_invalid_engine_directory_is_replaced(builder: Builder) -> None:
+    builder.engine_dir.mkdir(parents=True)
+    (builder.engine_dir / "rank0.engine").write_text("no manifest: never done")
+    result = builder.build()
+    assert result.code == 0, result.out
+    assert "moving the invalid" in result.out
+    assert (builder.engine_dir / "manifest.json").is_file()
+    assert not (builder.engine_dir / "rank0.engine").exists()
