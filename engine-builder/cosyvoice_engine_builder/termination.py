@@ -37,21 +37,29 @@ def clip_bytes(text: str, limit: int) -> str:
 def encode(payload: Mapping[str, object]) -> str:
     """Encode ``payload`` as one JSON line that fits the Kubernetes limit.
 
-    Only the ``message`` field is ever shortened.
+    Only the ``message`` field is ever shortened, from its start. JSON escaping makes the
+    encoded size of a message unpredictable (a quote or newline costs two bytes, a control
+    character six), so the longest fitting tail is found by bisection.
     """
-    document = dict(payload)
-    text = json.dumps(document, separators=(",", ":"), ensure_ascii=False)
-    message = document.get("message")
-    while len(text.encode("utf-8")) > _DOCUMENT_BUDGET_BYTES and isinstance(message, str):
-        overflow = len(text.encode("utf-8")) - _DOCUMENT_BUDGET_BYTES
-        # JSON escaping can make each byte of message cost up to six in the document.
-        keep = max(0, len(message.encode("utf-8")) - overflow - 16)
-        message = clip_bytes(message, keep) if keep else ""
-        document["message"] = message
-        text = json.dumps(document, separators=(",", ":"), ensure_ascii=False)
-        if not message:
-            break
-    return text
+
+    def dumps(document: Mapping[str, object]) -> str:
+        return json.dumps(document, separators=(",", ":"), ensure_ascii=False)
+
+    def fits(text: str) -> bool:
+        return len(text.encode("utf-8")) <= _DOCUMENT_BUDGET_BYTES
+
+    text = dumps(payload)
+    message = payload.get("message")
+    if fits(text) or not isinstance(message, str):
+        return text
+    low, high = 0, len(message)  # characters kept from the end: low fits, high does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(dumps({**payload, "message": message[len(message) - middle :]})):
+            low = middle
+        else:
+            high = middle
+    return dumps({**payload, "message": message[len(message) - low :] if low else ""})
 
 
 def write(payload: Mapping[str, object], environ: Mapping[str, str]) -> None:

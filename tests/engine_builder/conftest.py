@@ -50,7 +50,9 @@ def make_model(
     llm = root / "llm" if llm_subdir else root
     llm.mkdir(parents=True, exist_ok=True)
     files = {
-        "llm/config.json" if llm_subdir else "config.json": '{"architectures": ["Qwen2ForCausalLM"]}',
+        "llm/config.json"
+        if llm_subdir
+        else "config.json": '{"architectures": ["Qwen2ForCausalLM"]}',
         "llm/model.safetensors" if llm_subdir else "model.safetensors": "llm weights",
         "llm/tokenizer.json" if llm_subdir else "tokenizer.json": "{}",
         "campplus.onnx": "campplus onnx",
@@ -189,4 +191,3 @@ def builder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Builder:
     return Builder(
         tmp=tmp_path, cache=tmp_path / "engines", pvc_root=pvc_root, env=env, capsys=capsys
     )
-

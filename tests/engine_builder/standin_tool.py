@@ -45,7 +45,9 @@ def main(tool: str) -> None:
     if os.environ.get("FAKE_FAIL") == tool and any(fail_arg in a for a in argv):
         print(f"{tool}: starting", flush=True)
         for i in range(int(os.environ.get("FAKE_STDERR_LINES", "30"))):
-            print(f"{tool} error line {i} " + os.environ.get("FAKE_STDERR_PAD", ""), file=sys.stderr)
+            print(
+                f"{tool} error line {i} " + os.environ.get("FAKE_STDERR_PAD", ""), file=sys.stderr
+            )
         if os.environ.get("FAKE_LEAK"):
             print(f"auth header: Bearer {os.environ['FAKE_LEAK']}", file=sys.stderr)
         print(f"{tool}: fatal: simulated failure", file=sys.stderr)

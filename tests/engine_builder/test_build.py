@@ -151,8 +151,8 @@ def test_fp8_goes_through_quantize_and_builds_without_gemm_plugin(builder: Build
     assert builder.build(precision="fp8").code == 0
     calls = builder.calls()
     assert [c["tool"] for c in calls] == ["quantize", "trtllm-build", "trtexec", "trtexec"]
-    assert ["--qformat", "fp8"] == calls[0]["argv"][6:8]
-    assert ["--kv_cache_dtype", "fp8"] == calls[0]["argv"][8:10]
+    assert calls[0]["argv"][6:8] == ["--qformat", "fp8"]
+    assert calls[0]["argv"][8:10] == ["--kv_cache_dtype", "fp8"]
     assert "--gemm_plugin" not in calls[1]["argv"]
 
 
@@ -224,7 +224,9 @@ def test_versions_are_probed_from_the_image_when_not_given(builder: Builder) -> 
     manifest = builder.manifest()
     assert manifest["versions"]["tensorrt"] == "10.99.0.1"
     assert manifest["versions"]["tensorrtLlm"] == "0.21.0"
-    assert manifest["layout"]["speakerEmbeddingPlan"] == "plans/campplus.fp32.sm_90.trt10.99.0.1.plan"
+    assert (
+        manifest["layout"]["speakerEmbeddingPlan"] == "plans/campplus.fp32.sm_90.trt10.99.0.1.plan"
+    )
 
 
 def test_missing_tensorrt_is_a_clear_preflight_failure(builder: Builder) -> None:

@@ -96,7 +96,9 @@ def test_fp8_calibration_dataset_comes_from_the_environment() -> None:
     argv = commands.convert_argv(tools, Precision.FP8, LLM, WEIGHTS, 1)
     assert argv[-2:] == ("--calib_dataset", "/data/calib")
     # Only fp8 calibrates.
-    assert "--calib_dataset" not in commands.convert_argv(tools, Precision.BFLOAT16, LLM, WEIGHTS, 1)
+    assert "--calib_dataset" not in commands.convert_argv(
+        tools, Precision.BFLOAT16, LLM, WEIGHTS, 1
+    )
 
 
 @pytest.mark.parametrize(

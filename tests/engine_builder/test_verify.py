@@ -20,7 +20,9 @@ def built(builder: Builder) -> Builder:
 
 def _verify(builder: Builder, key: str = KEY) -> tuple[int, str, str]:
     builder.capsys.readouterr()
-    code = cli.main(["verify", "--cache-dir", str(builder.cache), "--key", key], environ=builder.env)
+    code = cli.main(
+        ["verify", "--cache-dir", str(builder.cache), "--key", key], environ=builder.env
+    )
     captured = builder.capsys.readouterr()
     return code, captured.out, captured.err
 

@@ -273,6 +273,26 @@ def test_failing_build_reports_its_message_and_retries_with_backoff_then_stops(
     reasons = {e["reason"] for e in json.loads(events)["items"]}
     assert {"EngineBuildStarted", "EngineBuildFailed"} <= reasons
 
+    # A new key starts fresh: attempt 1 of a new engine, whatever the old one went through.
+    old_key = final["status"]["engines"][0]["key"]
+    cluster.kubectl(
+        "patch",
+        "cvs",
+        "broken",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"engine": {"maxBatchSize": 32}}}),
+    )
+
+    def fresh_job() -> list[dict[str, Any]] | None:
+        new = [j for j in jobs(cluster, ns) if j["metadata"]["labels"][KEY_LABEL] != old_key]
+        return new or None
+
+    [new_job] = wait_for("a Job for the new key", fresh_job, timeout=30)
+    assert new_job["metadata"]["labels"]["tts.cosyvoice.dev/attempt"] == "1"
+
 
 def _epoch(stamp: str) -> float:
     import datetime as dt

@@ -1,0 +1,207 @@
+"""Fetching from pvc://, hf:// (injected downloader) and s3:// (boto3 fake, aws stand-in)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cosyvoice_engine_builder.fetch import Downloaders
+from cosyvoice_engine_builder.request import InvalidRequest, parse_model_uri
+from tests.engine_builder.conftest import KEY, Builder, make_model
+
+
+def test_pvc_model_is_read_in_place_and_copied_into_the_engine(builder: Builder) -> None:
+    result = builder.build()
+    assert result.code == 0
+    src = builder.pvc_root / "models" / "cosyvoice2"
+    assert builder.calls()[0]["argv"][1] == str(src / "llm")
+    assert (builder.engine_dir / "model" / "hift.pt").read_text() == "hift weights"
+    assert (src / "hift.pt").exists()
+
+
+def test_missing_pvc_path_is_a_permanent_error_naming_the_path(builder: Builder) -> None:
+    result = builder.build(model_uri="pvc://models/nope")
+    assert result.code == 2
+    assert result.termination is not None
+    assert result.termination["step"] == "fetch"
+    assert str(builder.pvc_root / "models" / "nope") in result.termination["message"]
+    assert builder.calls() == []
+
+
+class FakeHub:
+    def __init__(self, variant: str = "cosyvoice2") -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.variant = variant
+
+    def __call__(
+        self, *, repo_id: str, revision: str | None, token: str | None, local_dir: str
+    ) -> str:
+        self.calls.append(
+            {"repo_id": repo_id, "revision": revision, "token": token, "local_dir": local_dir}
+        )
+        make_model(Path(local_dir), self.variant)
+        return local_dir
+
+
+def test_hf_download_passes_repo_revision_and_token(builder: Builder) -> None:
+    hub = FakeHub()
+    builder.downloaders = Downloaders(hf_snapshot_download=hub)
+    result = builder.build(
+        model_uri="hf://yuekai/cosyvoice2_llm",
+        revision="abc123",
+        env_extra={"HF_TOKEN": "hf_x1234"},
+    )
+    assert result.code == 0, result.out
+    work_model = builder.cache / ".work" / KEY / "model"
+    assert hub.calls == [
+        {
+            "repo_id": "yuekai/cosyvoice2_llm",
+            "revision": "abc123",
+            "token": "hf_x1234",
+            "local_dir": str(work_model),
+        }
+    ]
+    assert builder.manifest()["model"] == {
+        "uri": "hf://yuekai/cosyvoice2_llm",
+        "revision": "abc123",
+    }
+    # The downloaded copy went into the engine (hidden hub metadata dropped), scratch is gone.
+    assert (builder.engine_dir / "model" / "llm" / "config.json").is_file()
+    assert not (builder.engine_dir / "model" / ".cache").exists()
+    assert not work_model.exists()
+
+
+def test_hf_default_branch_and_anonymous_access(builder: Builder) -> None:
+    hub = FakeHub()
+    builder.downloaders = Downloaders(hf_snapshot_download=hub)
+    assert builder.build(model_uri="hf://yuekai/cosyvoice2_llm").code == 0
+    assert hub.calls[0]["revision"] is None
+    assert hub.calls[0]["token"] is None
+
+
+def test_hf_download_is_skipped_on_resume(builder: Builder) -> None:
+    hub = FakeHub()
+    builder.downloaders = Downloaders(hf_snapshot_download=hub)
+    uri = "hf://yuekai/cosyvoice2_llm"
+    assert builder.build(model_uri=uri, env_extra={"FAKE_FAIL": "convert"}).code == 1
+    assert builder.build(model_uri=uri).code == 0
+    assert len(hub.calls) == 1
+
+
+class FakePaginator:
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects = objects
+        self.requests: list[dict[str, Any]] = []
+
+    def paginate(self, **kwargs: Any) -> list[dict[str, Any]]:
+        self.requests.append(kwargs)
+        keys = sorted(k for k in self.objects if k.startswith(kwargs["Prefix"]))
+        half = len(keys) // 2
+        return [
+            {"Contents": [{"Key": k, "Size": len(self.objects[k])} for k in part]}
+            for part in (keys[:half], keys[half:])
+        ]
+
+
+class FakeS3:
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects = objects
+        self.paginator = FakePaginator(objects)
+        self.downloads: list[str] = []
+
+    def get_paginator(self, operation_name: str) -> FakePaginator:
+        assert operation_name == "list_objects_v2"
+        return self.paginator
+
+    def download_file(self, Bucket: str, Key: str, Filename: str) -> None:
+        assert Bucket == "my-bucket"
+        self.downloads.append(Key)
+        Path(Filename).write_bytes(self.objects[Key])
+
+
+MODEL_OBJECTS = {
+    "models/cv2/llm/config.json": b"{}",
+    "models/cv2/llm/model.safetensors": b"w",
+    "models/cv2/flow.decoder.estimator.fp32.onnx": b"onnx",
+    "models/cv2/campplus.onnx": b"onnx",
+    "models/cv2/flow.pt": b"flow",
+    "models/cv2/": b"",  # a "directory" placeholder object
+    "models/cv2-other/flow.pt": b"another model sharing the prefix string",
+}
+
+
+def test_s3_download_with_boto3(builder: Builder) -> None:
+    s3 = FakeS3(MODEL_OBJECTS)
+    builder.downloaders = Downloaders(s3_client_factory=lambda: s3)
+    result = builder.build(model_uri="s3://my-bucket/models/cv2")
+    assert result.code == 0, result.out
+    assert s3.paginator.requests == [{"Bucket": "my-bucket", "Prefix": "models/cv2/"}]
+    assert "models/cv2-other/flow.pt" not in s3.downloads
+    assert (builder.engine_dir / "model" / "flow.pt").read_bytes() == b"flow"
+    assert builder.manifest()["model"]["uri"] == "s3://my-bucket/models/cv2"
+
+
+def test_s3_key_escaping_the_target_is_refused(builder: Builder) -> None:
+    s3 = FakeS3({**MODEL_OBJECTS, "models/cv2/../../etc/evil": b"x"})
+    builder.downloaders = Downloaders(s3_client_factory=lambda: s3)
+    result = builder.build(model_uri="s3://my-bucket/models/cv2")
+    assert result.code == 2
+    assert result.termination is not None and "refusing" in result.termination["message"]
+
+
+def test_s3_with_the_aws_cli(builder: Builder) -> None:
+    aws = builder.tmp / "bin" / "aws"
+    result = builder.build(model_uri="s3://my-bucket/models/cv2", env_extra={"AWS_CLI": str(aws)})
+    assert result.code == 0, result.out
+    sync = builder.calls()[0]
+    assert sync["tool"] == "aws"
+    assert sync["argv"] == [
+        "s3",
+        "sync",
+        "s3://my-bucket/models/cv2/",
+        str(builder.cache / ".work" / KEY / "model"),
+        "--no-progress",
+    ]
+
+
+def test_empty_s3_prefix_is_an_error(builder: Builder) -> None:
+    builder.downloaders = Downloaders(s3_client_factory=lambda: FakeS3({}))
+    result = builder.build(model_uri="s3://my-bucket/models/none")
+    assert result.code == 1
+    assert result.termination is not None
+    assert "s3://my-bucket/models/none/ is empty" in result.termination["message"]
+
+
+@pytest.mark.parametrize(
+    ("uri", "scheme", "authority", "path"),
+    [
+        ("hf://yuekai/cosyvoice2_llm", "hf", "yuekai/cosyvoice2_llm", ""),
+        ("s3://bucket-1/a/b/", "s3", "bucket-1", "a/b"),
+        ("s3://bucket-1", "s3", "bucket-1", ""),
+        ("pvc://my-claim/models/cv3", "pvc", "my-claim", "models/cv3"),
+        ("pvc://my-claim", "pvc", "my-claim", ""),
+    ],
+)
+def test_model_uris(uri: str, scheme: str, authority: str, path: str) -> None:
+    source = parse_model_uri(uri)
+    assert (source.scheme, source.authority, source.path) == (scheme, authority, path)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "yuekai/cosyvoice2_llm",
+        "hf://only-org",
+        "hf://a/b/c",
+        "gs://bucket/x",
+        "s3://UPPER/x",
+        "pvc://claim/../other",
+        "pvc://Claim/x",
+        "pvc://claim//abs/../x",
+    ],
+)
+def test_invalid_model_uris(uri: str) -> None:
+    with pytest.raises(InvalidRequest):
+        parse_model_uri(uri)

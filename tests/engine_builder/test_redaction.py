@@ -1,0 +1,78 @@
+"""Credentials never reach stdout, stderr or the termination message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cosyvoice_engine_builder.fetch import Downloaders
+from cosyvoice_engine_builder.redaction import MASK, Redactor
+from tests.engine_builder.conftest import Builder
+
+TOKEN = "hf_SeCrEtToKeN0123456789abcdef"
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+def test_redactor_masks_every_secret_longest_first() -> None:
+    redact = Redactor([TOKEN, TOKEN[:10], "", "ab"])
+    assert redact(f"token={TOKEN} prefix={TOKEN[:10]} ab") == f"token={MASK} prefix={MASK} ab"
+    env = {"HF_TOKEN": TOKEN, "AWS_SECRET_ACCESS_KEY": AWS_SECRET, "HOME": "/home/someone"}
+    redact = Redactor.from_environ(env)
+    assert redact(f"{AWS_SECRET} {TOKEN} /home/someone") == f"{MASK} {MASK} /home/someone"
+
+
+def test_a_tool_echoing_the_token_is_redacted_everywhere(builder: Builder) -> None:
+    env = {"HF_TOKEN": TOKEN, "FAKE_FAIL": "trtllm-build", "FAKE_LEAK": TOKEN}
+    result = builder.build(env_extra=env)
+    assert result.code == 1
+    assert result.termination_raw is not None
+    assert "auth header: Bearer ***" in result.termination_raw
+    assert "auth header: Bearer ***" in result.out
+    for text in (result.out, result.err, result.termination_raw):
+        assert TOKEN not in text
+
+
+def test_tools_do_not_receive_credentials(builder: Builder) -> None:
+    env = {"HF_TOKEN": TOKEN, "AWS_SECRET_ACCESS_KEY": AWS_SECRET}
+    assert builder.build(env_extra=env).code == 0
+    calls = builder.calls()
+    assert calls and not any(c["hf_token_in_env"] for c in calls)
+
+
+def test_a_download_error_quoting_the_token_is_redacted(builder: Builder) -> None:
+    def failing_download(**kwargs: object) -> str:
+        raise RuntimeError(f"401 Unauthorized for token {kwargs['token']}")
+
+    builder.downloaders = Downloaders(hf_snapshot_download=failing_download)
+    result = builder.build(model_uri="hf://yuekai/cosyvoice2_llm", env_extra={"HF_TOKEN": TOKEN})
+    assert result.code == 1
+    assert result.termination is not None
+    assert result.termination["step"] == "fetch"
+    assert "401 Unauthorized for token ***" in result.termination["message"]
+    for text in (result.out, result.err, result.termination_raw or ""):
+        assert TOKEN not in text
+
+
+def test_an_internal_error_traceback_is_redacted(builder: Builder, tmp_path: Path) -> None:
+    # A cache "directory" that is a file makes the lock's mkdir fail: an unexpected error
+    # whose traceback quotes the path, which here contains the token.
+    not_a_dir = tmp_path / TOKEN
+    not_a_dir.write_text("")
+    result = builder.build(cache_dir=not_a_dir, env_extra={"HF_TOKEN": TOKEN})
+    assert result.code == 1
+    assert result.termination is not None
+    assert result.termination["step"] == "lock"
+    assert result.termination["message"].startswith("internal error: NotADirectoryError")
+    assert "Traceback" in result.out
+    for text in (result.out, result.err, result.termination_raw or ""):
+        assert TOKEN not in text
+
+
+def test_interrupts_are_not_swallowed_as_fetch_errors(builder: Builder) -> None:
+    def interrupted(**kwargs: object) -> str:
+        raise KeyboardInterrupt
+
+    builder.downloaders = Downloaders(hf_snapshot_download=interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        builder.build(model_uri="hf://yuekai/cosyvoice2_llm")

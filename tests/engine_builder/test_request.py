@@ -1,0 +1,69 @@
+"""Argument validation: keys and architectures become paths and names on a shared volume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cosyvoice_engine_builder.request import BuildRequest, InvalidRequest
+from tests.engine_builder.conftest import KEY, Builder
+
+
+def _request(**overrides: object) -> BuildRequest:
+    values: dict[str, object] = {
+        "key": KEY,
+        "cache_dir": Path("/engines"),
+        "variant": "cosyvoice2",
+        "model_uri": "hf://a/b",
+        "revision": "",
+        "precision": "bfloat16",
+        "tensor_parallel_size": 1,
+        "max_batch_size": 16,
+        "max_num_tokens": 32768,
+        "gpu_arch": "sm_90",
+        "work_dir": None,
+        "pvc_root": Path("/models"),
+    }
+    values.update(overrides)
+    return BuildRequest.create(**values)  # type: ignore[arg-type]
+
+
+def test_paths_derived_from_the_key() -> None:
+    r = _request()
+    assert r.engine_dir == Path(f"/engines/{KEY}")
+    assert r.partial_dir == Path(f"/engines/{KEY}.partial")
+    assert r.work_dir == Path(f"/engines/.work/{KEY}")
+    assert r.lock_path == Path(f"/engines/.locks/{KEY}.lock")
+    assert _request(work_dir=Path("/scratch")).work_dir == Path("/scratch")
+
+
+@pytest.mark.parametrize("key", ["", "../x", "a/b", "a.partial", ".work", "-x", "k" * 129])
+def test_unsafe_keys_are_rejected(key: str) -> None:
+    with pytest.raises(InvalidRequest, match="--key"):
+        _request(key=key)
+
+
+@pytest.mark.parametrize("arch", ["90", "sm90", "sm_9", "SM_90", "sm_90/../x"])
+def test_bad_gpu_arch_is_rejected(arch: str) -> None:
+    with pytest.raises(InvalidRequest, match="--gpu-arch"):
+        _request(gpu_arch=arch)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_120"])
+def test_real_gpu_archs_are_accepted(arch: str) -> None:
+    assert _request(gpu_arch=arch).gpu_arch == arch
+
+
+@pytest.mark.parametrize("field", ["tensor_parallel_size", "max_batch_size", "max_num_tokens"])
+def test_limits_must_be_positive(field: str) -> None:
+    with pytest.raises(InvalidRequest):
+        _request(**{field: 0})
+
+
+def test_cli_rejects_bad_input_with_exit_code_2(builder: Builder) -> None:
+    for overrides in ({"key": "../etc"}, {"model_uri": "ftp://x/y"}, {"tensor_parallel_size": 0}):
+        result = builder.build(**overrides)
+        assert result.code == 2, overrides
+        assert result.termination is not None and result.termination["step"] == "arguments"
+    assert builder.calls() == []
