@@ -48,8 +48,9 @@ def up(name: str, nodes: int, env: dict[str, str] | None = None) -> float:
 
 
 def down(name: str, env: dict[str, str] | None = None) -> None:
-    subprocess.run([*CLI, "down", "--name", name, "--wipe"], check=True, env=env,
-                   stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [*CLI, "down", "--name", name, "--wipe"], check=True, env=env, stderr=subprocess.DEVNULL
+    )
 
 
 def memory(name: str) -> dict[str, int]:
@@ -84,7 +85,9 @@ def main() -> int:
             build = time.monotonic() - started
             first_up = up(name, 4, env)
             down(name, env)
-            subprocess.run(["chmod", "-R", "u+w", tmp], check=False)  # go's module cache is read-only
+            subprocess.run(
+                ["chmod", "-R", "u+w", tmp], check=False
+            )  # go's module cache is read-only
         results["cold"] = {"build_seconds": round(build, 1), "first_up_seconds": round(first_up, 1)}
         print(f"cold: build {build:.0f}s, then up {first_up:.1f}s", flush=True)
 

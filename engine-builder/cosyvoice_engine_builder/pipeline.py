@@ -233,8 +233,19 @@ class Pipeline:
         self.console.out(f"engine {r.key} ready at {engine_dir} after {seconds:.1f}s")
         return Outcome(engine_dir, seconds, already_built=False)
 
+    def _require_tools(self) -> None:
+        if self.request.precision is Precision.FP8:
+            require_script(self.tools.quantize_script, "TRTLLM_QUANTIZE")
+        else:
+            require_script(self.tools.convert_script, "TRTLLM_QWEN_CONVERT")
+        require_executable(self.tools.trtllm_build, "TRTLLM_BUILD", self.environ)
+        require_executable(self.tools.trtexec, "TRTEXEC", self.environ)
+
     def _preflight(self) -> Versions:
+        # Every tool is checked before the first download: finding out that trtexec is
+        # missing from the image after a 20-minute LLM build wastes a GPU node.
         try:
+            self._require_tools()
             versions = probe_versions(self.runner, self.tools.python, self.environ, self.tool_env)
             gpu_note = check_gpu_arch(
                 self.runner, self.request.gpu_arch, self.environ, self.tool_env
@@ -323,10 +334,6 @@ class Pipeline:
         ]
 
         def action(log: StepLog) -> None:
-            if r.precision is Precision.FP8:
-                require_script(self.tools.quantize_script, "TRTLLM_QUANTIZE")
-            else:
-                require_script(self.tools.convert_script, "TRTLLM_QWEN_CONVERT")
             self._run_tool(log, argv)
 
         self._step(index, "convert", digest, outputs, action, clean=[self.weights_dir])
@@ -340,7 +347,6 @@ class Pipeline:
         ]
 
         def action(log: StepLog) -> None:
-            require_executable(self.tools.trtllm_build, "TRTLLM_BUILD", self.environ)
             self._run_tool(log, argv)
 
         self._step(index, "build", digest, outputs, action, clean=[self.engines_dir])
@@ -359,7 +365,6 @@ class Pipeline:
         digest = self._plan_digest(after, argv, versions)
 
         def action(log: StepLog) -> None:
-            require_executable(self.tools.trtexec, "TRTEXEC", self.environ)
             plan.parent.mkdir(parents=True, exist_ok=True)
             self._run_tool(log, argv)
 
@@ -453,6 +458,10 @@ class Pipeline:
         out(f"engine dir: {r.engine_dir}{already}")
         out(f"work dir: {r.work_dir}")
         out(f"lock: {r.lock_path}")
+        try:
+            self._require_tools()
+        except ToolchainError as exc:
+            out(f"warning: {exc}")
         try:
             versions = probe_versions(self.runner, self.tools.python, self.environ, self.tool_env)
         except ToolchainError as exc:

@@ -239,9 +239,24 @@ def test_missing_tensorrt_is_a_clear_preflight_failure(builder: Builder) -> None
     assert "TensorRT version" in result.termination["message"]
 
 
-def test_missing_builder_binary_names_the_env_var(builder: Builder) -> None:
-    result = builder.build(env_extra={"TRTLLM_BUILD": str(builder.tmp / "nope" / "trtllm-build")})
+@pytest.mark.parametrize(
+    ("env_var", "precision"),
+    [
+        ("TRTLLM_BUILD", "bfloat16"),
+        ("TRTEXEC", "bfloat16"),
+        ("TRTLLM_QWEN_CONVERT", "bfloat16"),
+        ("TRTLLM_QUANTIZE", "fp8"),
+    ],
+)
+def test_a_missing_tool_fails_before_any_work_naming_its_env_var(
+    builder: Builder, env_var: str, precision: str
+) -> None:
+    missing = str(builder.tmp / "nope" / "tool")
+    result = builder.build(precision=precision, env_extra={env_var: missing})
     assert result.code == 2
     assert result.termination is not None
-    assert result.termination["step"] == "build"
-    assert "TRTLLM_BUILD" in result.termination["message"]
+    assert result.termination["step"] == "preflight"
+    assert env_var in result.termination["message"]
+    assert missing in result.termination["message"]
+    assert builder.calls() == []
+    assert not (builder.cache / ".work").exists()

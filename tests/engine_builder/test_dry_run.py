@@ -60,3 +60,9 @@ def test_dry_run_reports_an_existing_engine(builder: Builder) -> None:
     assert builder.build().code == 0
     result = builder.build(dry_run=True)
     assert "already built" in result.out
+
+
+def test_dry_run_warns_about_a_missing_tool(builder: Builder) -> None:
+    result = builder.build(dry_run=True, env_extra={"TRTEXEC": "/nowhere/trtexec"})
+    assert result.code == 0
+    assert "warning: /nowhere/trtexec not found or not executable (set TRTEXEC" in result.out

@@ -20,7 +20,7 @@ MINIMAL_SPEC: dict[str, Any] = {
 T0 = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
 
 
-def raw_spec(**sections: Mapping[str, Any]) -> dict[str, Any]:
+def raw_spec(**sections: Any) -> dict[str, Any]:
     """The minimal spec with some sections merged in (one level deep: model, engine, ...)."""
     out = copy.deepcopy(MINIMAL_SPEC)
     for name, value in sections.items():
@@ -170,9 +170,7 @@ def pod(
     if phase == "Running":
         container["state"] = {"running": {"startedAt": _ts(created)}}
     if termination_message is not None:
-        container["state"] = {
-            "terminated": {"exitCode": exit_code, "message": termination_message}
-        }
+        container["state"] = {"terminated": {"exitCode": exit_code, "message": termination_message}}
     body: dict[str, Any] = {
         "metadata": {"name": name, "creationTimestamp": _ts(created)},
         "spec": {},

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from cosyvoice_operator import engine, gpus
+from cosyvoice_operator import engine, gpus, spec
 from cosyvoice_operator.engine import EngineIdentity
 
 from .objects import identity, node, raw_spec, service
@@ -86,8 +87,6 @@ def test_identity_from_spec_carries_every_engine_field() -> None:
 
 
 def _key(raw: dict[str, Any], arch: str = "sm_89", default_image: str = DEFAULT_IMAGE) -> str:
-    from cosyvoice_operator import spec
-
     return engine.identity(spec.parse(raw), arch, default_image).key
 
 
@@ -256,7 +255,9 @@ def test_plan_from_nodes_l20_and_l40s_share_one_sm89_engine() -> None:
     assert _targets(p) == {"sm_89": {"NVIDIA-L20", "NVIDIA-L40S"}}
     (target,) = p.targets
     assert len(target.products) == 2  # each product once
-    assert target.key == target.identity.key == engine.identity(service(), "sm_89", DEFAULT_IMAGE).key
+    assert (
+        target.key == target.identity.key == engine.identity(service(), "sm_89", DEFAULT_IMAGE).key
+    )
     assert p.unknown_products == ()
     assert p.product_count == 2
 
@@ -272,7 +273,7 @@ def test_plan_l20_and_h100_are_two_engines() -> None:
     assert p.targets[0].key != p.targets[1].key
     # the two identities differ only in the architecture
     a, b = (t.identity for t in p.targets)
-    assert a.__class__(**{**a.__dict__, "gpu_arch": b.gpu_arch}) == b
+    assert dataclasses.replace(a, gpu_arch=b.gpu_arch) == b
 
 
 def test_plan_reports_unknown_products_and_never_guesses() -> None:
@@ -342,7 +343,11 @@ def test_plan_without_eligible_nodes_is_empty() -> None:
         (
             {},
             [
-                node("a", "NVIDIA-L20", taints=[{"key": "team", "value": "x", "effect": "NoSchedule"}]),
+                node(
+                    "a",
+                    "NVIDIA-L20",
+                    taints=[{"key": "team", "value": "x", "effect": "NoSchedule"}],
+                ),
                 node("b", "NVIDIA-A10G"),
             ],
             {"NVIDIA-A10G"},
@@ -350,7 +355,11 @@ def test_plan_without_eligible_nodes_is_empty() -> None:
         (
             {"tolerations": [{"key": "team", "operator": "Exists"}]},
             [
-                node("a", "NVIDIA-L20", taints=[{"key": "team", "value": "x", "effect": "NoSchedule"}]),
+                node(
+                    "a",
+                    "NVIDIA-L20",
+                    taints=[{"key": "team", "value": "x", "effect": "NoSchedule"}],
+                ),
                 node("b", "NVIDIA-A10G"),
             ],
             {"NVIDIA-L20", "NVIDIA-A10G"},

@@ -352,7 +352,7 @@ def test_preferred_affinity_and_pod_affinity_do_not_exclude() -> None:
     "gpus.eligible treats it as matching every node",
 )
 def test_empty_node_selector_term_matches_no_node() -> None:
-    affinity = {
+    affinity: dict[str, Any] = {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}]}
         }

@@ -382,7 +382,12 @@ class LocalCluster:
                 "--concurrent-gc-syncs=5",
             ]
         if comp == "kube-scheduler":
-            return [str(bins["kube-scheduler"]), *common, "--kube-api-qps=500", "--kube-api-burst=1000"]
+            return [
+                str(bins["kube-scheduler"]),
+                *common,
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
+            ]
         if comp == "kwok":
             node_stages = _kwok_node_stages()
             return [
