@@ -15,6 +15,7 @@ Deleting the failed Jobs of a key starts over at attempt 1.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ from .spec import ServiceSpec
 
 GROUP = "tts.cosyvoice.dev"
 KEY_LABEL = f"{GROUP}/engine-key"
+CLAIM_LABEL = f"{GROUP}/cache-claim-hash"
+CLAIM_ANNOTATION = f"{GROUP}/cache-claim"
+DEFAULT_CACHE_CLAIM = "cosyvoice-engines"
 ARCH_LABEL = f"{GROUP}/gpu-arch"
 ATTEMPT_LABEL = f"{GROUP}/attempt"
 MODEL_URI_ANNOTATION = f"{GROUP}/model-uri"
@@ -62,16 +66,27 @@ class BuildSettings:
     image_pull_secrets: tuple[str, ...] = ()
 
 
-def base_name(identity: EngineIdentity) -> str:
-    return f"cvs-engine-{identity.short_name}"
+def claim_hash(cache_claim: str) -> str:
+    """A short, label-safe tag of the cache claim (claim names may be longer than a label)."""
+    return hashlib.sha256(cache_claim.encode()).hexdigest()[:6]
 
 
-def job_name(identity: EngineIdentity, attempt: int) -> str:
-    return f"{base_name(identity)}-a{attempt}"
+def base_name(identity: EngineIdentity, cache_claim: str = DEFAULT_CACHE_CLAIM) -> str:
+    """The engine's name in one cache: the same key in another claim is another build."""
+    return f"cvs-engine-{identity.short_name}-{claim_hash(cache_claim)}"
 
 
-def record_name(identity: EngineIdentity) -> str:
-    return base_name(identity)
+def job_name(identity: EngineIdentity, attempt: int, cache_claim: str = DEFAULT_CACHE_CLAIM) -> str:
+    return f"{base_name(identity, cache_claim)}-a{attempt}"
+
+
+def record_name(identity: EngineIdentity, cache_claim: str = DEFAULT_CACHE_CLAIM) -> str:
+    return base_name(identity, cache_claim)
+
+
+def selector(identity: EngineIdentity, cache_claim: str) -> str:
+    """Label selector of the build Jobs of one engine in one cache."""
+    return f"{KEY_LABEL}={identity.key},{CLAIM_LABEL}={claim_hash(cache_claim)}"
 
 
 def builder_args(identity: EngineIdentity) -> list[str]:
@@ -112,14 +127,16 @@ def render_job(
 ) -> dict[str, Any]:
     """The build Job of one engine attempt."""
     ident = target.identity
+    claim_name = spec.engine.cache_claim_name
     labels = {
         **COMPONENT_LABELS,
         KEY_LABEL: ident.key,
         ARCH_LABEL: ident.gpu_arch,
+        CLAIM_LABEL: claim_hash(claim_name),
         ATTEMPT_LABEL: str(attempt),
     }
     volumes: list[dict[str, Any]] = [
-        {"name": "engines", "persistentVolumeClaim": {"claimName": spec.engine.cache_claim_name}},
+        {"name": "engines", "persistentVolumeClaim": {"claimName": claim_name}},
         {"name": "scratch", "emptyDir": {}},
     ]
     mounts: list[dict[str, Any]] = [
@@ -196,7 +213,12 @@ def render_job(
                 }
             }
         },
-        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        # GPU nodes are commonly tainted nvidia.com/gpu; beyond that the build pod tolerates
+        # what the service's pods tolerate, since the products were chosen from those nodes.
+        "tolerations": [
+            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+            *[dict(t) for t in spec.serving.tolerations],
+        ],
         "automountServiceAccountToken": False,
     }
     if settings.service_account:
@@ -207,13 +229,14 @@ def render_job(
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": job_name(ident, attempt),
+            "name": job_name(ident, attempt, claim_name),
             "namespace": namespace,
             "labels": labels,
             "annotations": {
                 MODEL_URI_ANNOTATION: ident.model_uri,
                 IDENTITY_ANNOTATION: json.dumps(_identity_dict(ident), sort_keys=True),
                 f"{GROUP}/gpu-products": ",".join(sorted(target.products)),
+                CLAIM_ANNOTATION: claim_name,
             },
         },
         "spec": {
@@ -266,18 +289,31 @@ def _identity_dict(ident: EngineIdentity) -> dict[str, Any]:
 
 
 def render_record(
-    identity: EngineIdentity, namespace: str, job: str, result: str, now: dt.datetime
+    identity: EngineIdentity,
+    namespace: str,
+    job: str,
+    result: str,
+    now: dt.datetime,
+    cache_claim: str = DEFAULT_CACHE_CLAIM,
+    state: str = "Ready",
 ) -> dict[str, Any]:
-    """The ConfigMap that marks an engine as built (it outlives the Job)."""
+    """The ConfigMap that records an engine's outcome, built or given up (it outlives Jobs)."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": record_name(identity),
+            "name": record_name(identity, cache_claim),
             "namespace": namespace,
-            "labels": {**COMPONENT_LABELS, KEY_LABEL: identity.key, ARCH_LABEL: identity.gpu_arch},
+            "labels": {
+                **COMPONENT_LABELS,
+                KEY_LABEL: identity.key,
+                ARCH_LABEL: identity.gpu_arch,
+                CLAIM_LABEL: claim_hash(cache_claim),
+            },
+            "annotations": {CLAIM_ANNOTATION: cache_claim},
         },
         "data": {
+            "state": state,
             "key": identity.key,
             "identity": json.dumps(_identity_dict(identity), sort_keys=True),
             "engineDir": f"{CACHE_MOUNT}/{identity.key}",
@@ -299,7 +335,8 @@ class EngineState:
     message: str
     job: str = ""
     attempts: int = 0
-    # "none" | "create" (create attempt `next_attempt`) | "record" (write the record of `job`)
+    # "none" | "create" (create attempt `next_attempt`) | "record" (record `job` as built)
+    # | "record-failure" (record that the builds of this key gave up)
     action: str = "none"
     next_attempt: int = 0
     next_retry: dt.datetime | None = None
@@ -380,11 +417,16 @@ def assess(
         data = record.get("data") or {}
         built_by = str(data.get("job", ""))
         attempt_suffix = built_by.rpartition("-a")[2]
+        attempts = int(attempt_suffix) if attempt_suffix.isdigit() else 0
+        if data.get("state") == "Failed":
+            return EngineState(
+                "Failed", str(data.get("result") or "gave up"), job=built_by, attempts=attempts
+            )
         return EngineState(
             "Ready",
             f"built by {built_by or '?'} at {data.get('builtAt', '?')}",
             job=built_by,
-            attempts=int(attempt_suffix) if attempt_suffix.isdigit() else 0,
+            attempts=attempts,
         )
     if latest is None:
         return EngineState("Pending", "build Job to be created", action="create", next_attempt=1)
@@ -404,12 +446,14 @@ def assess(
         if why:
             base += f": {why}"
         if attempt >= settings.max_attempts:
+            # Recorded, so that giving up outlives the Jobs' TTL instead of starting over.
             return EngineState(
                 "Failed",
-                f"{base}. Gave up; change the engine spec, or delete the Jobs labelled "
-                f"{KEY_LABEL}={identity.key} to retry.",
+                f"{base}. Gave up; change the engine spec, or run `kubectl delete "
+                f"jobs,configmaps -l {KEY_LABEL}={identity.key}` to retry.",
                 job=name,
                 attempts=attempt,
+                action="record-failure",
             )
         failed_at = _parse_time(failed.get("lastTransitionTime")) or now
         retry_at = failed_at + dt.timedelta(

@@ -22,9 +22,10 @@ def _repo_file(*parts: str) -> Path:
 def _cmd_run(args: argparse.Namespace) -> int:
     import kopf
 
-    from . import handlers  # noqa: F401  (registers the handlers with kopf)
+    from . import handlers  # registers the handlers with kopf
 
     namespaces = args.namespace or []
+    handlers.SERVED_NAMESPACES = tuple(namespaces)
     kopf.configure(verbose=args.verbose)
     kopf.run(
         standalone=args.peering is None,

@@ -25,13 +25,19 @@ def merge(
     by_type = {c["type"]: dict(c) for c in previous if "type" in c}
     for update in updates:
         old = by_type.get(update["type"])
-        changed = old is None or old.get("status") != update["status"]
+        changed = (
+            old is None
+            or old.get("status") != update["status"]
+            or not old.get("lastTransitionTime")
+        )
         by_type[update["type"]] = {
             "type": update["type"],
             "status": update["status"],
             "reason": update["reason"],
             "message": update.get("message", "")[:32768],
-            "lastTransitionTime": timestamp(now) if changed else old["lastTransitionTime"],  # type: ignore[index]
+            "lastTransitionTime": (
+                timestamp(now) if changed or old is None else old["lastTransitionTime"]
+            ),
             "observedGeneration": generation,
         }
     return sorted(by_type.values(), key=lambda c: c["type"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,14 +20,17 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     if raw is None or raw == "":
         return default
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r}: expected a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name}={raw!r}: expected a finite, non-negative number")
+    return value
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
     value = _float(env, name, default)
-    if value != int(value) or value < 0:
+    if value != int(value):
         raise ConfigError(f"{name}={env.get(name)!r}: expected a non-negative integer")
     return int(value)
 

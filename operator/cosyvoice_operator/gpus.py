@@ -157,17 +157,25 @@ def _matches_expression(labels: Mapping[str, str], expr: Mapping[str, Any]) -> b
     return False
 
 
-def _required_affinity_allows(labels: Mapping[str, str], affinity: Mapping[str, Any]) -> bool:
+def _term_matches(node: GPUNode, term: Mapping[str, Any]) -> bool:
+    expressions = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not expressions and not fields:
+        return False  # the API: an empty node selector term matches no objects
+    node_fields = {"metadata.name": node.name}
+    return all(_matches_expression(node.labels, e) for e in expressions) and all(
+        _matches_expression(node_fields, f) for f in fields
+    )
+
+
+def _required_affinity_allows(node: GPUNode, affinity: Mapping[str, Any]) -> bool:
     node_affinity = (affinity or {}).get("nodeAffinity") or {}
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
     terms = required.get("nodeSelectorTerms") or []
     if not terms:
         return True
-    # Terms are ORed; expressions within a term are ANDed (as the scheduler reads them).
-    return any(
-        all(_matches_expression(labels, e) for e in term.get("matchExpressions") or [])
-        for term in terms
-    )
+    # Terms are ORed; requirements within a term are ANDed (as the scheduler reads them).
+    return any(_term_matches(node, term) for term in terms)
 
 
 def eligible(
@@ -185,4 +193,4 @@ def eligible(
     tolerations = list(tolerations)
     if not all(_tolerated(t, tolerations) for t in node.taints):
         return False
-    return _required_affinity_allows(node.labels, affinity)
+    return _required_affinity_allows(node, affinity)

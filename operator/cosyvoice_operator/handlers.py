@@ -1,13 +1,15 @@
 """kopf handlers: read the world, call the pure core, write the result back.
 
 One reconcile function serves every trigger (create, spec update, operator restart, and a
-timer that follows Jobs the service itself never hears about). It is idempotent: every write
-is create-if-absent or a status patch computed from scratch, so running it twice, or in two
-operator processes at once, converges on the same objects.
+periodic resync that follows Jobs the service itself never hears about). It is idempotent:
+every write is create-if-absent or a status patch computed from scratch, so running it
+twice, or in two operator processes at once, converges on the same objects.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import Mapping
@@ -23,6 +25,11 @@ GROUP, VERSION, PLURAL = "tts.cosyvoice.dev", "v1alpha1", "cosyvoiceservices"
 CONFIG = config.load()
 
 
+# The namespaces the operator serves (empty: all); set by `cosyvoice-operator run`.
+SERVED_NAMESPACES: tuple[str, ...] = ()
+log = logging.getLogger(__name__)
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # Handler progress in annotations, not in status: the CRD's status schema is strict
@@ -35,10 +42,18 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 300
     memo.kube = await Kube.connect()
+    memo.resync = asyncio.create_task(
+        resync_forever(memo.kube, SERVED_NAMESPACES, CONFIG.resync_seconds)
+    )
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    task: asyncio.Task[None] | None = getattr(memo, "resync", None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     kube: Kube | None = getattr(memo, "kube", None)
     if kube is not None:
         await kube.close()
@@ -81,15 +96,24 @@ async def _engine_state(
     target: engine.EngineTarget,
     svc: ServiceSpec,
     namespace: str,
-    body: kopf.Body,
+    body: Mapping[str, Any],
     previous: Mapping[str, str],
+    blockers: list[status.Blocker],
 ) -> buildjob.EngineState:
     """Assess one engine and carry out what the assessment asks for."""
     ident = target.identity
     settings = CONFIG.build
-    selector = f"{buildjob.KEY_LABEL}={ident.key}"
-    record = await kube.get_config_map(namespace, buildjob.record_name(ident))
-    jobs = await kube.list_jobs(namespace, selector) if record is None else []
+    claim = svc.engine.cache_claim_name
+    if any(b.reason == "CacheClaimMissing" for b in blockers):
+        return buildjob.EngineState("Pending", blockers[0].message)
+    record = await kube.get_config_map(namespace, buildjob.record_name(ident, claim))
+    if record is None and blockers:
+        # A built engine stays usable when, say, the download credentials go away; only a
+        # build that has yet to happen is blocked.
+        return buildjob.EngineState("Pending", blockers[0].message)
+    jobs = (
+        await kube.list_jobs(namespace, buildjob.selector(ident, claim)) if record is None else []
+    )
     pods: list[dict[str, Any]] = []
     if jobs:
         latest = max(
@@ -103,10 +127,11 @@ async def _engine_state(
         created = await kube.create_if_absent(job)
         name = job["metadata"]["name"]
         if created:
-            kopf.info(
+            await kube.post_event(
                 body,
-                reason="EngineBuildStarted",
-                message=f"{name}: building engine {ident.key} for {ident.gpu_arch} "
+                "Normal",
+                "EngineBuildStarted",
+                f"{name}: building engine {ident.key} for {ident.gpu_arch} "
                 f"({', '.join(target.products)}), attempt {st.next_attempt}",
             )
         st = buildjob.EngineState(
@@ -116,27 +141,38 @@ async def _engine_state(
             job=name,
             attempts=st.next_attempt,
         )
-    elif st.action == "record":
-        record_body = buildjob.render_record(ident, namespace, st.job, st.result, now)
+    elif st.action in ("record", "record-failure"):
+        failed = st.action == "record-failure"
+        record_body = buildjob.render_record(
+            ident,
+            namespace,
+            st.job,
+            st.message if failed else st.result,
+            now,
+            cache_claim=claim,
+            state="Failed" if failed else "Ready",
+        )
         await kube.create_if_absent(record_body)
     if previous.get(ident.key) != st.state:
         if st.state == "Ready":
-            kopf.info(
+            await kube.post_event(
                 body,
-                reason="EngineReady",
-                message=f"engine {ident.key} ({ident.gpu_arch}): {st.message}",
+                "Normal",
+                "EngineReady",
+                f"engine {ident.key} ({ident.gpu_arch}): {st.message}",
             )
         elif st.state == "Failed":
-            kopf.warn(body, reason="EngineBuildFailed", message=f"engine {ident.key}: {st.message}")
+            await kube.post_event(
+                body, "Warning", "EngineBuildFailed", f"engine {ident.key}: {st.message}"
+            )
     return st
 
 
-async def reconcile(
-    body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: logging.Logger | kopf.Logger
-) -> None:
-    kube: Kube = memo.kube
-    namespace = body.metadata.namespace or "default"
-    generation = int(body.metadata.get("generation") or 0)
+async def reconcile(kube: Kube, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The status fields that change for this service, after acting on its engines."""
+    meta = body.get("metadata") or {}
+    namespace = meta.get("namespace") or "default"
+    generation = int(meta.get("generation") or 0)
     previous = dict(body.get("status") or {})
     prev_states = {e.get("key", ""): e.get("state", "") for e in previous.get("engines") or []}
     now = dt.datetime.now(dt.UTC)
@@ -144,8 +180,7 @@ async def reconcile(
         svc = parse(body.get("spec") or {})
     except SpecError as exc:
         new = status.engine_status(None, {}, [], str(exc), previous, generation, 0, now)
-        _write_status(patch, previous, new)
-        return
+        return _changes(previous, new)
     nodes: list[gpus.GPUNode] = []
     if not svc.engine.gpu_products:
         for raw in await kube.list_nodes():
@@ -156,35 +191,61 @@ async def reconcile(
     blockers = await _blockers(kube, svc, namespace)
     states: dict[str, buildjob.EngineState] = {}
     for target in plan.targets:
-        if blockers:
-            states[target.key] = buildjob.EngineState("Pending", blockers[0].message)
-            continue
-        states[target.key] = await _engine_state(kube, target, svc, namespace, body, prev_states)
-    desired = svc.replicas
-    new = status.engine_status(plan, states, blockers, None, previous, generation, desired, now)
-    if blockers and previous.get("engineSummary") != new.get("engineSummary"):
-        kopf.warn(body, reason=blockers[0].reason, message=blockers[0].message)
-    _write_status(patch, previous, new)
+        states[target.key] = await _engine_state(
+            kube, target, svc, namespace, body, prev_states, blockers
+        )
+    new = status.engine_status(
+        plan, states, blockers, None, previous, generation, svc.replicas, now
+    )
+    reason = next((c["reason"] for c in new["conditions"] if c["type"] == "EngineReady"), "")
+    if (
+        blockers
+        and reason == blockers[0].reason
+        and previous.get("engineSummary") != new.get("engineSummary")
+    ):
+        await kube.post_event(body, "Warning", blockers[0].reason, blockers[0].message)
+    return _changes(previous, new)
 
 
-def _write_status(patch: kopf.Patch, previous: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-    """Patch only what changed: an unchanged status makes no API call at all."""
-    for key, value in new.items():
-        if previous.get(key) != value:
-            patch.status[key] = value
+def _changes(previous: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """Only what changed: an unchanged status makes no API call at all."""
+    return {key: value for key, value in new.items() if previous.get(key) != value}
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def on_change(
-    body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kopf.Logger, **_: Any
-) -> None:
-    await reconcile(body, memo, patch, logger)
+async def on_change(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+    patch.status.update(await reconcile(memo.kube, body))
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=CONFIG.resync_seconds, initial_delay=1.0, backoff=5)
-async def resync(
-    body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: kopf.Logger, **_: Any
-) -> None:
-    await reconcile(body, memo, patch, logger)
+async def resync_forever(kube: Kube, namespaces: tuple[str, ...], interval: float) -> None:
+    """Re-examine every service on a period: build Jobs finish, back-offs expire and GPU
+    nodes come and go without the service itself changing.
+
+    One loop for the operator rather than a kopf timer per object: kopf timers put a finalizer
+    on every service, and a service would then hang on deletion whenever the operator is not
+    running (uninstalled first, say). Nothing here needs to run at deletion: engines are
+    shared and outlive services.
+    """
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            services = await kube.list_services(namespaces)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("resync: listing services failed; next try in %.0fs", interval)
+            continue
+        for body in services:
+            meta = body.get("metadata") or {}
+            if meta.get("deletionTimestamp"):
+                continue
+            try:
+                changes = await reconcile(kube, body)
+                if changes:
+                    await kube.patch_service_status(meta["namespace"], meta["name"], changes)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("resync of %s/%s failed", meta.get("namespace"), meta.get("name"))

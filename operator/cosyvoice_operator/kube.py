@@ -6,10 +6,17 @@ client model class.
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
+import socket
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes.aio import client, config
 from kubernetes.aio.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+COMPONENT = "cosyvoice-operator"
 
 
 class Kube:
@@ -19,6 +26,7 @@ class Kube:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.batch = client.BatchV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
 
     @classmethod
     async def connect(cls) -> Kube:
@@ -33,6 +41,69 @@ class Kube:
 
     def _plain(self, obj: Any) -> Any:
         return self.api.sanitize_for_serialization(obj)
+
+    async def list_services(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+        """CosyVoiceServices of the given namespaces (all namespaces when empty)."""
+        args = ("tts.cosyvoice.dev", "v1alpha1")
+        if not namespaces:
+            found: Any = await self.custom.list_cluster_custom_object(*args, "cosyvoiceservices")
+            return list(found.get("items") or [])
+        items: list[dict[str, Any]] = []
+        for ns in namespaces:
+            page: Any = await self.custom.list_namespaced_custom_object(
+                *args, ns, "cosyvoiceservices"
+            )
+            items.extend(page.get("items") or [])
+        return items
+
+    async def patch_service_status(
+        self, namespace: str, name: str, changes: dict[str, Any]
+    ) -> None:
+        await self.custom.patch_namespaced_custom_object_status(
+            "tts.cosyvoice.dev",
+            "v1alpha1",
+            namespace,
+            "cosyvoiceservices",
+            name,
+            {"status": changes},
+        )
+
+    async def post_event(
+        self, regarding: Mapping[str, Any], kind: str, reason: str, message: str
+    ) -> None:
+        """An Event on the object, as `kubectl describe` shows them. Never raises: a lost
+        Event must not fail the reconcile that produced it."""
+        meta = regarding.get("metadata") or {}
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "generateName": f"{meta.get('name', 'object')}.",
+                "namespace": meta.get("namespace"),
+            },
+            "involvedObject": {
+                "apiVersion": regarding.get("apiVersion"),
+                "kind": regarding.get("kind"),
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": socket.gethostname(),
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        (log.warning if kind == "Warning" else log.info)("%s: %s", reason, message)
+        try:
+            await self.core.create_namespaced_event(meta.get("namespace"), body)  # type: ignore[arg-type]
+        except Exception:
+            log.exception("could not post the event %s", reason)
 
     async def list_nodes(self) -> list[dict[str, Any]]:
         result = await self.core.list_node()

@@ -187,7 +187,15 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
             f"must be a positive multiple of spec.engine.tensorParallelSize ({tp}), got {gpus}",
         )
     db = _obj(s, "dynamicBatching", "spec.serving")
-    sizes = tuple(int(x) for x in db.get("preferredBatchSizes", (4, 8, 16)))
+    raw_sizes = db.get("preferredBatchSizes", (4, 8, 16))
+    if not isinstance(raw_sizes, list | tuple) or any(
+        isinstance(x, bool) or not isinstance(x, int) for x in raw_sizes
+    ):
+        raise SpecError(
+            "spec.serving.dynamicBatching.preferredBatchSizes",
+            f"must be a list of integers, got {raw_sizes!r}",
+        )
+    sizes = tuple(raw_sizes)
     if any(b > engine.max_batch_size or b < 1 for b in sizes):
         raise SpecError(
             "spec.serving.dynamicBatching.preferredBatchSizes",

@@ -112,6 +112,9 @@ def engine_status(
     entries = engine_entries(plan, states)
     summary = engine_summary(entries)
     unknown = plan.unknown_products
+    all_built = bool(plan.targets) and all(states[t.key].state == "Ready" for t in plan.targets)
+    # A blocker only matters to engines still to be built.
+    blockers = [] if all_built and not unknown else list(blockers)
     if blockers:
         cond = {
             "type": "EngineReady",
@@ -123,17 +126,13 @@ def engine_status(
             if e["state"] != "Ready":
                 e["message"] = cond["message"]
     elif not plan.targets and not unknown:
-        where = (
-            "spec.engine.gpuProducts lists no product"
-            if plan.source == "spec"
-            else "no Ready GPU node matches the service's nodeSelector, affinity, tolerations "
-            "and serving.gpusPerReplica"
-        )
         cond = {
             "type": "EngineReady",
             "status": "False",
             "reason": "NoEligibleGPUNodes",
-            "message": where,
+            "message": "no Ready GPU node matches the service's nodeSelector, affinity, "
+            "tolerations and serving.gpusPerReplica (set spec.engine.gpuProducts to build "
+            "ahead of the nodes)",
         }
     elif unknown:
         cond = {
@@ -156,11 +155,12 @@ def engine_status(
             }
         elif "Failed" in by_state:
             failed = [states[t.key] for t in plan.targets if states[t.key].state == "Failed"]
+            final = [s for s in failed if s.next_retry is None and s.action != "create"]
             cond = {
                 "type": "EngineReady",
                 "status": "False",
-                "reason": "BuildFailed",
-                "message": failed[0].message,
+                "reason": "BuildFailed" if final else "BuildRetrying",
+                "message": (final or failed)[0].message,
             }
         else:
             pending = [s for s in by_state if s != "Ready"]
@@ -173,14 +173,15 @@ def engine_status(
                 ),
             }
     engines_ready = cond["status"] == "True"
-    building = any(e["state"] in ("Pending", "Building") for e in entries) and not blockers
+    building = (
+        any(e["state"] in ("Pending", "Building") for e in entries)
+        or cond["reason"] == "BuildRetrying"
+    ) and not blockers
     if engines_ready:
         phase = "Deploying"
     elif building:
         phase = "BuildingEngine"
-    elif any(e["state"] == "Failed" for e in entries) and not any(
-        e["state"] in ("Pending", "Building") for e in entries
-    ):
+    elif any(e["state"] == "Failed" for e in entries):
         phase = "Failed"
     else:
         phase = "Pending"

@@ -103,6 +103,8 @@ def test_service_builds_on_the_right_product_and_a_twin_reuses_it(
     second = wait_engine_ready(cluster, ns, "second", timeout=15)
     assert second["status"]["engines"][0]["key"] == entry["key"]
     assert len(jobs(cluster, ns)) == 1
+    # No finalizer: deleting a service never waits on the operator being up.
+    assert not second["metadata"].get("finalizers")
     out = cluster.kubectl("get", "cvs", "-n", ns).stdout
     assert "second" in out and "Ready" in out
 
@@ -231,7 +233,9 @@ def test_failing_build_reports_its_message_and_retries_with_backoff_then_stops(
     entry = obj["status"]["engines"][0]
     assert "simulated failure: trtllm-build exited with status 1" in entry["message"]
     assert "step build" in entry["message"]
-    assert condition(obj, "EngineReady")["reason"] == "BuildFailed"
+    # Failed, but another attempt is due: the service is still building.
+    assert condition(obj, "EngineReady")["reason"] == "BuildRetrying"
+    assert obj["status"]["phase"] == "BuildingEngine"
 
     created: dict[int, float] = {}
 
@@ -264,6 +268,12 @@ def test_failing_build_reports_its_message_and_retries_with_backoff_then_stops(
     assert created_at(2) - failed_at(1) >= 2 - 1  # whole-second timestamps
     assert created_at(3) - failed_at(2) >= 4 - 1
     assert final["status"]["phase"] == "Failed"
+    assert condition(final, "EngineReady")["reason"] == "BuildFailed"
+    # Giving up is recorded, so it outlives the Jobs' TTL rather than starting over.
+    records = get_json(
+        cluster, "configmaps", "-n", ns, "-l", f"{KEY_LABEL}={final['status']['engines'][0]['key']}"
+    )["items"]
+    assert [r["data"]["state"] for r in records] == ["Failed"]
     time.sleep(6)  # beyond the next backoff: no fourth attempt
     assert sorted(stamps) == [1, 2, 3]
     assert len(jobs(cluster, ns)) == 3
@@ -273,8 +283,24 @@ def test_failing_build_reports_its_message_and_retries_with_backoff_then_stops(
     reasons = {e["reason"] for e in json.loads(events)["items"]}
     assert {"EngineBuildStarted", "EngineBuildFailed"} <= reasons
 
-    # A new key starts fresh: attempt 1 of a new engine, whatever the old one went through.
+    # The retry the message tells of: delete the key's Jobs and record, and it starts over.
     old_key = final["status"]["engines"][0]["key"]
+    assert (
+        f"kubectl delete jobs,configmaps -l {KEY_LABEL}={old_key}"
+        in final["status"]["engines"][0]["message"]
+    )
+    cluster.kubectl("delete", "jobs,configmaps", "-n", ns, "-l", f"{KEY_LABEL}={old_key}")
+    wait_for(
+        "attempt 1 again",
+        lambda: [
+            j
+            for j in jobs(cluster, ns)
+            if j["metadata"]["labels"]["tts.cosyvoice.dev/attempt"] == "1"
+        ],
+        timeout=30,
+    )
+
+    # A new key starts fresh: attempt 1 of a new engine, whatever the old one went through.
     cluster.kubectl(
         "patch",
         "cvs",

@@ -164,12 +164,28 @@ CASES = [
         state="Failed",
         job=_name(3),
         attempts=3,
+        action="record-failure",
         message_has=(
             "attempt 3/3 failed",
             "Gave up",
             "change the engine spec",
-            f"delete the Jobs labelled tts.cosyvoice.dev/engine-key={IDENT.key} to retry",
+            f"kubectl delete jobs,configmaps -l tts.cosyvoice.dev/engine-key={IDENT.key}",
         ),
+    ),
+    Case(
+        "recorded-failure-stays-failed-without-jobs",
+        record={
+            "data": {
+                "state": "Failed",
+                "job": _name(3),
+                "result": "attempt 3/3 failed (BackoffLimitExceeded). Gave up; ...",
+            }
+        },
+        now=T0 + 48 * 60 * MINUTE,
+        state="Failed",
+        job=_name(3),
+        attempts=3,
+        message_has=("attempt 3/3 failed", "Gave up"),
     ),
     Case(
         "latest-attempt-wins-whatever-the-order",
@@ -205,7 +221,8 @@ def test_give_up_is_not_retried_however_long_one_waits() -> None:
     jobs = [job(IDENT, 3, failed_at=T0)]
     for later in (T0, T0 + dt.timedelta(days=30)):
         st = assess(IDENT, None, jobs, [], later, SETTINGS)
-        assert (st.state, st.action, st.next_retry) == ("Failed", "none", None)
+        # giving up is recorded once, and nothing more is created
+        assert (st.state, st.action, st.next_retry) == ("Failed", "record-failure", None)
 
 
 @pytest.mark.parametrize(
@@ -229,7 +246,7 @@ def test_max_attempts_one_never_retries() -> None:
     st = assess(
         IDENT, None, [job(IDENT, 1, failed_at=T0)], [], T0 + MINUTE, BuildSettings(max_attempts=1)
     )
-    assert (st.state, st.action) == ("Failed", "none")
+    assert (st.state, st.action) == ("Failed", "record-failure")
     assert "attempt 1/1 failed" in st.message and "Gave up" in st.message
 
 

@@ -107,12 +107,6 @@ def test_timestamp_is_utc_rfc3339_seconds(when: dt.datetime, text: str) -> None:
     assert conditions.timestamp(when) == text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a previous condition without lastTransitionTime (the CRD does not require "
-    "it; any status writer may omit it) makes merge raise KeyError when its status is "
-    "unchanged, so every reconcile of that service crashes",
-)
 def test_previous_condition_without_transition_time_does_not_crash() -> None:
     previous = [_cond("EngineReady", "False")]
     (c,) = conditions.merge(previous, [_cond("EngineReady", "False", "Building")], 1, T0)

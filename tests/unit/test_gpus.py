@@ -345,12 +345,6 @@ def test_preferred_affinity_and_pod_affinity_do_not_exclude() -> None:
     assert _eligible(node(labels=LABELS), affinity=affinity)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an empty nodeSelectorTerm matches no node for the scheduler (core/v1 "
-    "NodeSelectorTerm: 'A null or empty node selector term matches no objects'), but "
-    "gpus.eligible treats it as matching every node",
-)
 def test_empty_node_selector_term_matches_no_node() -> None:
     affinity: dict[str, Any] = {
         "nodeAffinity": {
@@ -360,11 +354,6 @@ def test_empty_node_selector_term_matches_no_node() -> None:
     assert not _eligible(node(labels=LABELS), affinity=affinity)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: required node affinity matchFields (metadata.name) is ignored, so a service "
-    "pinned to named nodes counts the products of every other node as eligible",
-)
 def test_match_fields_on_node_name_is_honoured() -> None:
     affinity = {
         "nodeAffinity": {

@@ -363,23 +363,12 @@ def test_spec_error_is_a_value_error() -> None:
     assert issubclass(SpecError, ValueError)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a non-integer preferredBatchSizes entry escapes spec.parse as a bare "
-    "ValueError from int(), not a SpecError naming the field (the handler only catches "
-    "SpecError, so reconcile crashes and retries forever instead of reporting InvalidSpec)",
-)
 def test_non_integer_preferred_batch_size_is_a_spec_error() -> None:
     with pytest.raises(SpecError) as info:
         spec.parse(raw_spec(serving={"dynamicBatching": {"preferredBatchSizes": [4, "eight"]}}))
     assert info.value.field == "spec.serving.dynamicBatching.preferredBatchSizes"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a fractional preferredBatchSizes entry is silently truncated by int() "
-    "(4.5 -> 4) instead of being rejected like every other integer field",
-)
 def test_fractional_preferred_batch_size_is_rejected() -> None:
     with pytest.raises(SpecError):
         spec.parse(raw_spec(serving={"dynamicBatching": {"preferredBatchSizes": [4.5, 8]}}))

@@ -339,3 +339,36 @@ def _entry(key: str, state: str, product: str = "P") -> dict[str, Any]:
 )
 def test_engine_summary(entries: list[dict[str, Any]], summary: str) -> None:
     assert status.engine_summary(entries) == summary
+
+
+# ---- retries and blockers of built engines ----------------------------------------------------
+
+
+def test_a_failed_engine_waiting_to_retry_is_still_building() -> None:
+    retry_at = T0 + dt.timedelta(minutes=2)
+    waiting = EngineState(
+        "Failed",
+        "attempt 1/3 failed: step build: OOM. Retry at ...",
+        job="j-a1",
+        attempts=1,
+        next_retry=retry_at,
+    )
+    st = _status(_plan(SM89), {SM89.key: waiting})
+    assert st["phase"] == "BuildingEngine"
+    assert _cond(st, "EngineReady")["reason"] == "BuildRetrying"
+    assert {e["nextRetryTime"] for e in st["engines"]} == {"2025-03-01T12:02:00Z"}
+
+
+def test_a_final_failure_beside_a_retrying_one_is_reported_as_failed() -> None:
+    waiting = EngineState("Failed", "attempt 1/3 failed", job="x-a1", attempts=1, next_retry=T0)
+    st = _status(_plan(SM89, SM90), {SM89.key: FAILED, SM90.key: waiting})
+    assert _cond(st, "EngineReady")["reason"] == "BuildFailed"
+    assert "Gave up" in _cond(st, "EngineReady")["message"]
+
+
+def test_a_blocker_does_not_unready_engines_already_built() -> None:
+    gone = Blocker("CredentialsSecretMissing", "Secret ml/hf-token does not exist")
+    st = _status(_plan(SM89, SM90), {SM89.key: READY, SM90.key: READY}, blockers=[gone])
+    assert _cond(st, "EngineReady")["status"] == "True"
+    assert st["phase"] == "Deploying"
+    assert {e["state"] for e in st["engines"]} == {"Ready"}
