@@ -61,7 +61,7 @@ def memory(name: str) -> dict[str, int]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--nodes", default="4,100")
+    parser.add_argument("--nodes", default="4,100", help='node counts; "" skips the warm runs')
     parser.add_argument("--settle", type=float, default=30.0, help="seconds before reading RSS")
     parser.add_argument("--cold", action="store_true", help="also time a cold build (~15 min)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
@@ -92,7 +92,7 @@ def main() -> int:
         print(f"cold: build {build:.0f}s, then up {first_up:.1f}s", flush=True)
 
     warm: dict[str, object] = {}
-    for nodes in (int(n) for n in args.nodes.split(",")):
+    for nodes in (int(n) for n in args.nodes.split(",") if n):
         times = []
         for _ in range(args.runs):
             down(name)

@@ -402,3 +402,30 @@ def test_missing_claim_then_created_starts_the_build(
     obj = wait_engine_ready(cluster, ns, "later")
     assert len(jobs(cluster, ns)) == 1
     assert obj["status"]["phase"] == "Deploying"
+
+
+def test_two_operators_and_three_services_racing_make_one_job(
+    cluster: Cluster, ns: str, tmp_path: Path
+) -> None:
+    # Two standalone operators on one namespace (as during a botched rollout) and three
+    # services created at once, all wanting one engine: create-if-absent makes one Job.
+    ops = [OperatorProcess(cluster, ns, tmp_path / str(i)) for i in range(2)]
+    for i, op in enumerate(ops):
+        (tmp_path / str(i)).mkdir()
+        op.start()
+    try:
+        manifests = "\n---\n".join(
+            service(f"race-{i}", serving={"nodeSelector": L20}) for i in range(3)
+        )
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=manifests)
+        keys = {
+            wait_engine_ready(cluster, ns, f"race-{i}")["status"]["engines"][0]["key"]
+            for i in range(3)
+        }
+        assert len(keys) == 1
+        assert len(jobs(cluster, ns)) == 1
+        records = get_json(cluster, "configmaps", "-n", ns, "-l", f"{KEY_LABEL}={keys.pop()}")
+        assert len(records["items"]) == 1
+    finally:
+        for op in ops:
+            op.stop()
