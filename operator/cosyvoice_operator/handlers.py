@@ -39,7 +39,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         prefix=GROUP, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{GROUP}/finalizer"
-    settings.posting.level = logging.INFO
+    # kopf posts an Event per handler run at INFO; the operator posts its own meaningful ones.
+    settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     memo.kube = await Kube.connect()
     memo.resync = asyncio.create_task(

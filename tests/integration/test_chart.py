@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,29 +35,26 @@ L20 = {"nvidia.com/gpu.product": "NVIDIA-L20"}
 Rule = tuple[str, str, frozenset[str]]  # (apiGroup, resource, verbs)
 
 # What the operator (operator/cosyvoice_operator/kube.py, handlers.py) and kopf call, rule by
-# rule. A change to the chart's RBAC must show up here as a readable diff.
+# rule. A change to the chart's RBAC must show up here as a readable diff. kopf lists, watches
+# and patches (never get/update/delete) and posts core/v1 Events; the operator gets a few objects
+# by name, lists, creates, and patches status.
 NAMESPACED_RULES: set[Rule] = {
-    (
-        "tts.cosyvoice.dev",
-        "cosyvoiceservices",
-        frozenset({"get", "list", "watch", "patch", "update"}),
-    ),
+    ("tts.cosyvoice.dev", "cosyvoiceservices", frozenset({"list", "watch", "patch"})),
     ("tts.cosyvoice.dev", "cosyvoiceservices/status", frozenset({"patch"})),
-    ("tts.cosyvoice.dev", "cosyvoiceservices/scale", frozenset({"patch"})),
-    ("", "events", frozenset({"create", "patch"})),
-    ("events.k8s.io", "events", frozenset({"create", "patch"})),
-    ("batch", "jobs", frozenset({"get", "list", "watch", "create", "delete"})),
-    ("", "pods", frozenset({"get", "list", "watch"})),
-    ("", "configmaps", frozenset({"get", "list", "watch", "create"})),
+    ("", "events", frozenset({"create"})),
+    ("batch", "jobs", frozenset({"list", "create"})),
+    ("", "pods", frozenset({"list"})),
+    ("", "configmaps", frozenset({"get", "create"})),
     ("", "persistentvolumeclaims", frozenset({"get"})),
     ("", "secrets", frozenset({"get"})),
 }
 CLUSTER_RULES: set[Rule] = {
-    ("", "nodes", frozenset({"get", "list", "watch"})),
-    ("apiextensions.k8s.io", "customresourcedefinitions", frozenset({"get", "list", "watch"})),
-    ("", "namespaces", frozenset({"list", "watch"})),
+    ("", "nodes", frozenset({"list"})),
+    ("apiextensions.k8s.io", "customresourcedefinitions", frozenset({"list", "watch"})),
 }
-PEERING_VERBS = frozenset({"get", "list", "watch", "patch"})
+# kopf follows the namespaces it serves only when it serves named ones.
+NAMESPACES_RULE: Rule = ("", "namespaces", frozenset({"list", "watch"}))
+PEERING_VERBS = frozenset({"list", "watch", "patch"})
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -143,9 +141,8 @@ def test_chart_crds_are_byte_copies_of_the_top_level_crds() -> None:
         ('watchNamespaces=["tts-a","tts-b"]',),
         ('peering={"enabled":true}', "replicaCount=2"),
         ('watchNamespaces=["tts-a"]', 'peering={"enabled":true}'),
-        ('metrics={"serviceMonitor":{"enabled":true}}',),
     ],
-    ids=["defaults", "namespaced", "peering", "namespaced-peering", "servicemonitor"],
+    ids=["defaults", "namespaced", "peering", "namespaced-peering"],
 )
 def test_lint_and_template(helm: Path, values: tuple[str, ...]) -> None:
     sets = [a for v in values for a in ("--set-json", v)]
@@ -159,6 +156,12 @@ def test_lint_and_template(helm: Path, values: tuple[str, ...]) -> None:
             for field in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule[field], f"{role['metadata']['name']}: wildcard {field}"
             assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+    # The operator serves no metrics (they come with the autoscaling work): no scrape target,
+    # no metrics port, nothing a Prometheus could be pointed at in vain.
+    assert not kinds & {"ServiceMonitor", "PodMonitor", "Service"}
+    [deployment] = of_kind(docs, "Deployment")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert [port["name"] for port in container["ports"]] == ["health"]
 
 
 def test_default_render_is_one_least_privilege_cluster_role(helm: Path) -> None:
@@ -172,7 +175,6 @@ def test_default_render_is_one_least_privilege_cluster_role(helm: Path) -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "cosyvoice-system"}
     ]
-    assert not of_kind(docs, "ServiceMonitor")
 
     [deployment] = of_kind(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
@@ -209,7 +211,7 @@ def test_watch_namespaces_render_roles_per_namespace(helm: Path) -> None:
         assert binding["subjects"][0]["namespace"] == "cosyvoice-system"
     # Only what is cluster-scoped stays cluster-wide.
     [cluster_role] = of_kind(docs, "ClusterRole")
-    assert rules_of(cluster_role) == CLUSTER_RULES
+    assert rules_of(cluster_role) == CLUSTER_RULES | {NAMESPACES_RULE}
     args = container_args(docs)
     assert args[:5] == ["run", "--namespace", "tts-a", "--namespace", "tts-b"]
     assert "--liveness" in args
@@ -230,7 +232,7 @@ def test_peering_grants_the_peering_resource_of_its_mode(helm: Path) -> None:
     [role] = of_kind(namespaced, "Role")
     assert ("kopf.dev", "kopfpeerings", PEERING_VERBS) in rules_of(role)
     [cluster_role] = of_kind(namespaced, "ClusterRole")
-    assert rules_of(cluster_role) == CLUSTER_RULES
+    assert rules_of(cluster_role) == CLUSTER_RULES | {NAMESPACES_RULE}
     [peering] = of_kind(namespaced, "KopfPeering")
     assert peering["metadata"]["namespace"] == "tts-a"
 
@@ -372,6 +374,21 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
 FORBIDDEN = re.compile(r"Forbidden|forbidden|\b403\b|Not enough permissions")
 
 
+class ClusterwideOperator(OperatorProcess):
+    """`cosyvoice-operator run` with no --namespace, as the chart runs it by default: kopf
+    watches, and the resync loop lists, services across the cluster."""
+
+    def start(self) -> ClusterwideOperator:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cosyvoice_operator", "run"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        return self
+
+
 @pytest.fixture(scope="module")
 def clusterwide_release(cluster: Cluster, helm: Path) -> Iterator[Release]:
     release = install(cluster, helm)
@@ -396,13 +413,22 @@ def test_the_operator_builds_an_engine_with_only_the_charts_permissions(
         f"system:serviceaccount:{release.namespace}:{release.service_account}"
     )
     # The operator's own checks touch every granted kind: the cache claim (PVC get), the
-    # credentials Secret (Secret get), nodes (list), the Job and its pods, the record ConfigMap,
-    # Events and the status subresource.
+    # credentials Secret (Secret get), nodes (list), the Job (list, create) and its pods (list),
+    # the record ConfigMap (get, create), Events (create), the status subresource (patch), and
+    # the services themselves (kopf's list, watch and patch; the resync loop's list).
     cluster.kubectl("apply", "-n", served, "-f", "-", input=cache_claim())
     cluster.kubectl(
         "create", "secret", "generic", "hf-token", "-n", served, "--from-literal=HF_TOKEN=x"
     )
-    op = OperatorProcess(cluster, served, tmp_path, KUBECONFIG=str(kubeconfig)).start()
+    operator = ClusterwideOperator if mode == "clusterwide" else OperatorProcess
+    if mode == "clusterwide":
+        # A cluster-wide operator acts on every service of the cluster; another test's would
+        # make this one's log (and that test) a mix of two operators.
+        others = get_json(cluster, "cvs", "-A")["items"]
+        assert not others, "services left by other tests: " + ", ".join(
+            f"{o['metadata']['namespace']}/{o['metadata']['name']}" for o in others
+        )
+    op = operator(cluster, served, tmp_path, KUBECONFIG=str(kubeconfig)).start()
     try:
         body = {
             "apiVersion": "tts.cosyvoice.dev/v1alpha1",
@@ -435,11 +461,17 @@ def test_the_operator_builds_an_engine_with_only_the_charts_permissions(
         events = get_json(cluster, "events", "-n", served)["items"]
         reasons = {e["reason"] for e in events if e["involvedObject"]["name"] == "rbac"}
         assert {"EngineBuildStarted", "EngineReady"} <= reasons, reasons
-        # A few more resyncs (1 s): a permission only a later pass needs shows up too.
+        # A few more resyncs (1 s): a permission only a later pass needs shows up too, and the
+        # resync loop's status patches leave the condition as it is.
         time.sleep(3)
-        # The timer's finalizer comes off under the same identity, so deletion completes.
-        assert "tts.cosyvoice.dev/finalizer" in obj["metadata"]["finalizers"]
+        obj = get_json(cluster, "cvs", "rbac", "-n", served)
+        assert condition(obj, "EngineReady").get("status") == "True", obj.get("status")
+        # No finalizer (no kopf timers, no deletion handler): deletion never waits on the
+        # operator, and the operator sees the deletion through without being refused anything.
+        assert not obj["metadata"].get("finalizers"), obj["metadata"].get("finalizers")
         cluster.kubectl("delete", "cvs", "rbac", "-n", served, "--timeout=30s")
+        assert not exists(cluster, "cvs", "rbac", "-n", served)
+        time.sleep(2)  # resync passes after the deletion
     finally:
         op.stop()
         uninstall(cluster, helm, release)
@@ -461,30 +493,56 @@ def can_i(cluster: Cluster, release: Release, *what: str) -> bool:
     [
         # what it needs
         ("watch", "cosyvoiceservices.tts.cosyvoice.dev", "-A", True),
+        ("list", "cosyvoiceservices.tts.cosyvoice.dev", "-A", True),
         ("patch", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", True),
         ("patch", "cosyvoiceservices.tts.cosyvoice.dev/status", "-n=default", True),
         ("create", "jobs.batch", "-n=default", True),
+        ("list", "jobs.batch", "-n=default", True),
+        ("list", "pods", "-n=default", True),
+        ("get", "configmaps", "-n=default", True),
         ("create", "configmaps", "-n=default", True),
+        ("get", "persistentvolumeclaims", "-n=default", True),
         ("get", "secrets", "-n=default", True),
         ("list", "nodes", "", True),
         ("create", "events", "-n=default", True),
+        ("watch", "customresourcedefinitions.apiextensions.k8s.io", "", True),
         # what it must not do
         ("delete", "nodes", "", False),
         ("patch", "nodes", "", False),
+        ("get", "nodes", "", False),
+        ("watch", "nodes", "", False),
         ("list", "secrets", "-A", False),
         ("list", "secrets", "-n=default", False),
         ("watch", "secrets", "-n=default", False),
         ("create", "deployments.apps", "-n=kube-system", False),
         ("create", "pods", "-n=default", False),
+        ("get", "pods", "-n=default", False),
+        ("watch", "pods", "-n=default", False),
         ("delete", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", False),
+        ("update", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", False),
+        ("get", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", False),
+        ("update", "cosyvoiceservices.tts.cosyvoice.dev/status", "-n=default", False),
+        ("patch", "cosyvoiceservices.tts.cosyvoice.dev/scale", "-n=default", False),
+        ("delete", "jobs.batch", "-n=default", False),
+        ("get", "jobs.batch", "-n=default", False),
+        ("watch", "jobs.batch", "-n=default", False),
+        ("patch", "jobs.batch", "-n=default", False),
         ("update", "configmaps", "-n=default", False),
         ("delete", "configmaps", "-n=default", False),
+        ("list", "configmaps", "-n=default", False),
+        ("watch", "configmaps", "-n=default", False),
+        ("patch", "events", "-n=default", False),
+        ("create", "events.events.k8s.io", "-n=default", False),
         ("create", "persistentvolumeclaims", "-n=default", False),
+        ("list", "persistentvolumeclaims", "-n=default", False),
         ("create", "clusterrolebindings.rbac.authorization.k8s.io", "", False),
         ("escalate", "clusterroles.rbac.authorization.k8s.io", "", False),
         ("impersonate", "serviceaccounts", "-A", False),
         ("create", "serviceaccounts/token", "-A", False),
         ("patch", "customresourcedefinitions.apiextensions.k8s.io", "", False),
+        ("get", "customresourcedefinitions.apiextensions.k8s.io", "", False),
+        # serving every namespace, kopf never looks at namespaces
+        ("list", "namespaces", "", False),
         ("delete", "namespaces", "", False),
         ("get", "clusterkopfpeerings.kopf.dev", "", False),
     ],
@@ -497,7 +555,10 @@ def test_the_service_account_can_do_no_more(
     scope: str,
     allowed: bool,
 ) -> None:
-    args = [verb, resource, *([scope] if scope else [])]
+    # `can-i VERB TYPE/NAME` reads what follows the slash as an object's name; a subresource
+    # has to be asked for with --subresource.
+    kind, _, sub = resource.partition("/")
+    args = [verb, kind, *([f"--subresource={sub}"] if sub else []), *([scope] if scope else [])]
     assert can_i(cluster, clusterwide_release, *args) is allowed, (
         f"can-i {' '.join(args)} should be {'yes' if allowed else 'no'}"
     )
@@ -516,6 +577,8 @@ def test_namespaced_install_grants_nothing_outside_its_namespaces(
             cluster, release, "watch", "cosyvoiceservices.tts.cosyvoice.dev", f"-n={served}"
         )
         assert can_i(cluster, release, "list", "nodes")
+        # kopf follows the named namespaces it serves.
+        assert can_i(cluster, release, "watch", "namespaces")
         assert not can_i(cluster, release, "create", "jobs.batch", f"-n={other}")
         assert not can_i(cluster, release, "get", "secrets", f"-n={other}")
         assert not can_i(cluster, release, "list", "cosyvoiceservices.tts.cosyvoice.dev", "-A")

@@ -57,36 +57,36 @@ app.kubernetes.io/part-of: cosyvoice-operator
 
 {{/*
 Rules on namespaced resources: in the ClusterRole when every namespace is served, else in a
-Role in each of watchNamespaces. Each rule is what the operator's code (or kopf) calls, no more.
+Role in each of watchNamespaces. Each rule is what the operator's code (kube.py) or kopf calls,
+no more: kopf lists, watches and merge-/JSON-patches, never gets, updates or deletes.
 */}}
 {{- define "cosyvoice-operator.namespacedRules" -}}
-# The custom resource: kopf lists and watches it, patches finalizers and its progress
-# annotations (patch), and writes status through the status subresource.
+# The custom resource: kopf lists and watches it and patches its progress annotations; the
+# operator's resync loop lists it. No finalizer, so deletion never waits on the operator.
 - apiGroups: ["tts.cosyvoice.dev"]
   resources: ["cosyvoiceservices"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["list", "watch", "patch"]
+# Status goes through the status subresource (kopf's handler results, the resync loop).
 - apiGroups: ["tts.cosyvoice.dev"]
-  resources: ["cosyvoiceservices/status", "cosyvoiceservices/scale"]
+  resources: ["cosyvoiceservices/status"]
   verbs: ["patch"]
-# Events on services (kopf.info / kopf.warn and kopf's own handler events).
+# Events on services: the operator's own and kopf's, both core/v1, both only created.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
-# Engine-build Jobs (create-if-absent, list by engine key) and their pods (why a build waits
-# or what it said when it ended).
+  verbs: ["create"]
+# Engine-build Jobs: listed by engine key and created if absent (a 409 is "already there",
+# so no get; finished Jobs go by their TTL, so no delete).
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["list", "create"]
+# Pods of the latest build Job, listed by job-name: why a build waits, what it said at its end.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
-# Engine records: one ConfigMap per built engine, created once, never updated.
+  verbs: ["list"]
+# Engine records: one ConfigMap per engine, read by name and created once, never updated.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "create"]
+  verbs: ["get", "create"]
 # The engine-cache and model claims are only checked for existence.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
@@ -98,10 +98,11 @@ Role in each of watchNamespaces. Each rule is what the operator's code (or kopf)
   resources: ["secrets"]
   verbs: ["get"]
 {{- if and .Values.peering.enabled .Values.watchNamespaces }}
-# kopf peering between replicas, one KopfPeering per served namespace.
+# kopf peering between replicas, one KopfPeering per served namespace (watched, and patched
+# with each replica's keep-alive).
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 {{- end }}
 {{- end }}
 
@@ -110,19 +111,22 @@ Role in each of watchNamespaces. Each rule is what the operator's code (or kopf)
 # GPU nodes: the engine plan builds one engine per GPU architecture found on nodes.
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["get", "list", "watch"]
-# kopf: finds its resources from the CRDs and follows them being added or removed.
+  verbs: ["list"]
+# kopf: follows CRDs being added, changed or removed (it finds resources by API discovery).
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
-  verbs: ["get", "list", "watch"]
-# kopf: lists and watches namespaces to match the served ones (namespace names only).
+  verbs: ["list", "watch"]
+{{- if .Values.watchNamespaces }}
+# kopf, serving named namespaces only: follows those namespaces (names only). Serving every
+# namespace it never looks at namespaces.
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
+{{- end }}
 {{- if and .Values.peering.enabled (not .Values.watchNamespaces) }}
 # kopf peering between replicas serving every namespace: one ClusterKopfPeering.
 - apiGroups: ["kopf.dev"]
   resources: ["clusterkopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 {{- end }}
 {{- end }}
