@@ -350,6 +350,11 @@ def _attempt(job: Mapping[str, Any]) -> int:
         return 0
 
 
+def latest_job(jobs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The Job of the highest attempt (the one whose outcome counts)."""
+    return max(jobs, key=_attempt) if jobs else None
+
+
 def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     for cond in (job.get("status") or {}).get("conditions") or []:
         if cond.get("type") == kind and cond.get("status") == "True":
@@ -412,7 +417,7 @@ def assess(
     settings: BuildSettings,
 ) -> EngineState:
     """The state of one engine from its record, its Jobs and the pods of its latest Job."""
-    latest = max(jobs, key=_attempt) if jobs else None
+    latest = latest_job(jobs)
     if record is not None:
         data = record.get("data") or {}
         built_by = str(data.get("job", ""))

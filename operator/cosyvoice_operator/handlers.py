@@ -115,11 +115,9 @@ async def _engine_state(
     jobs = (
         await kube.list_jobs(namespace, buildjob.selector(ident, claim)) if record is None else []
     )
+    latest = buildjob.latest_job(jobs)
     pods: list[dict[str, Any]] = []
-    if jobs:
-        latest = max(
-            jobs, key=lambda j: int(j["metadata"]["labels"].get(buildjob.ATTEMPT_LABEL, 0))
-        )
+    if latest is not None:
         pods = await kube.list_pods(namespace, f"job-name={latest['metadata']['name']}")
     now = dt.datetime.now(dt.UTC)
     st = buildjob.assess(ident, record, jobs, pods, now, settings)
