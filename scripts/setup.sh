@@ -15,5 +15,5 @@ echo "== installing cosyvoice-operator[test] (editable)" >&2
 .venv/bin/pip install --quiet -e '.[test]'
 
 command -v go >/dev/null || { echo "error: Go (>= 1.26) is needed to build the local cluster" >&2; exit 1; }
-echo "== control-plane binaries (cold build: ~10-15 min on 2 cores; cached afterwards)" >&2
+echo "== control-plane binaries (cold build: ~12 min on 2 cores; cached afterwards)" >&2
 .venv/bin/cosyvoice-operator cluster build

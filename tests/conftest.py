@@ -49,6 +49,10 @@ class Cluster:
             )
         return proc
 
+    def apply(self, namespace: str, manifest: str) -> subprocess.CompletedProcess[str]:
+        """`kubectl apply` of a JSON or YAML manifest (one or several documents)."""
+        return self.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+
     def namespace(self, prefix: str = "t") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
         self.kubectl("create", "namespace", name)

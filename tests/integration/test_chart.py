@@ -416,7 +416,7 @@ def test_the_operator_builds_an_engine_with_only_the_charts_permissions(
     # credentials Secret (Secret get), nodes (list), the Job (list, create) and its pods (list),
     # the record ConfigMap (get, create), Events (create), the status subresource (patch), and
     # the services themselves (kopf's list, watch and patch; the resync loop's list).
-    cluster.kubectl("apply", "-n", served, "-f", "-", input=cache_claim())
+    cluster.apply(served, cache_claim())
     cluster.kubectl(
         "create", "secret", "generic", "hf-token", "-n", served, "--from-literal=HF_TOKEN=x"
     )
@@ -443,7 +443,7 @@ def test_the_operator_builds_an_engine_with_only_the_charts_permissions(
                 "serving": {"nodeSelector": L20},
             },
         }
-        cluster.kubectl("apply", "-n", served, "-f", "-", input=json.dumps(body))
+        cluster.apply(served, json.dumps(body))
 
         def ready() -> dict[str, Any] | None:
             obj: dict[str, Any] = get_json(cluster, "cvs", "rbac", "-n", served)

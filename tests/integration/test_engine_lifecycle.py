@@ -28,7 +28,7 @@ L20 = {"nvidia.com/gpu.product": "NVIDIA-L20"}
 @pytest.fixture
 def ns(cluster: Cluster) -> Iterator[str]:
     name = cluster.namespace("engine")
-    cluster.kubectl("apply", "-n", name, "-f", "-", input=cache_claim())
+    cluster.apply(name, cache_claim())
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false")
 
@@ -77,9 +77,7 @@ def pod_product(cluster: Cluster, ns: str, job: str) -> str:
 def test_service_builds_on_the_right_product_and_a_twin_reuses_it(
     cluster: Cluster, ns: str, operator: OperatorProcess
 ) -> None:
-    cluster.kubectl(
-        "apply", "-n", ns, "-f", "-", input=service("first", serving={"nodeSelector": L20})
-    )
+    cluster.apply(ns, service("first", serving={"nodeSelector": L20}))
     first = wait_engine_ready(cluster, ns, "first")
     [entry] = first["status"]["engines"]
     assert entry["gpuProduct"] == "NVIDIA-L20" and entry["gpuArch"] == "sm_89"
@@ -92,13 +90,8 @@ def test_service_builds_on_the_right_product_and_a_twin_reuses_it(
     assert len(record["items"]) == 1
 
     # A second service asking for the same engine: no Job, ready at once.
-    cluster.kubectl(
-        "apply",
-        "-n",
-        ns,
-        "-f",
-        "-",
-        input=service("second", replicas=3, serving={"nodeSelector": L20, "instancesPerGpu": 2}),
+    cluster.apply(
+        ns, service("second", replicas=3, serving={"nodeSelector": L20, "instancesPerGpu": 2})
     )
     second = wait_engine_ready(cluster, ns, "second", timeout=15)
     assert second["status"]["engines"][0]["key"] == entry["key"]
@@ -112,9 +105,7 @@ def test_service_builds_on_the_right_product_and_a_twin_reuses_it(
 def test_scaling_changes_make_no_job_and_a_precision_change_makes_one(
     cluster: Cluster, ns: str, operator: OperatorProcess
 ) -> None:
-    cluster.kubectl(
-        "apply", "-n", ns, "-f", "-", input=service("svc", serving={"nodeSelector": L20})
-    )
+    cluster.apply(ns, service("svc", serving={"nodeSelector": L20}))
     key = wait_engine_ready(cluster, ns, "svc")["status"]["engines"][0]["key"]
     cluster.kubectl(
         "patch",
@@ -166,7 +157,7 @@ def test_scaling_changes_make_no_job_and_a_precision_change_makes_one(
 def test_mixed_fleet_builds_one_engine_per_architecture_each_pinned(
     cluster: Cluster, ns: str, operator: OperatorProcess
 ) -> None:
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=service("mixed"))
+    cluster.apply(ns, service("mixed"))
     obj = wait_engine_ready(cluster, ns, "mixed")
     entries = {e["gpuProduct"]: e for e in obj["status"]["engines"]}
     assert set(entries) == {"NVIDIA-L20", "NVIDIA-H100-80GB-HBM3"}
@@ -191,9 +182,7 @@ def test_operator_killed_mid_build_adopts_the_job(
     slow = {"COSYVOICE_BUILD_POD_ANNOTATIONS": json.dumps({"kwok.cosyvoice.dev/run-for": "15s"})}
     op = OperatorProcess(cluster, ns, tmp_path, **slow).start()
     try:
-        cluster.kubectl(
-            "apply", "-n", ns, "-f", "-", input=service("slow", serving={"nodeSelector": L20})
-        )
+        cluster.apply(ns, service("slow", serving={"nodeSelector": L20}))
 
         def building() -> dict[str, Any] | None:
             obj = cvs(cluster, ns, "slow")
@@ -215,13 +204,8 @@ def test_operator_killed_mid_build_adopts_the_job(
 def test_failing_build_reports_its_message_and_retries_with_backoff_then_stops(
     cluster: Cluster, ns: str, operator: OperatorProcess
 ) -> None:
-    cluster.kubectl(
-        "apply",
-        "-n",
-        ns,
-        "-f",
-        "-",
-        input=service("broken", uri="hf://simulated/build-failure", serving={"nodeSelector": L20}),
+    cluster.apply(
+        ns, service("broken", uri="hf://simulated/build-failure", serving={"nodeSelector": L20})
     )
 
     def failed_once() -> dict[str, Any] | None:
@@ -365,7 +349,7 @@ def test_blocked_services_say_why_and_make_no_jobs(
     reason: str,
     needle: str,
 ) -> None:
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=service(case, **spec))
+    cluster.apply(ns, service(case, **spec))
 
     def blocked() -> dict[str, Any] | None:
         c = condition(cvs(cluster, ns, case), "EngineReady")
@@ -381,15 +365,8 @@ def test_blocked_services_say_why_and_make_no_jobs(
 def test_missing_claim_then_created_starts_the_build(
     cluster: Cluster, ns: str, operator: OperatorProcess
 ) -> None:
-    cluster.kubectl(
-        "apply",
-        "-n",
-        ns,
-        "-f",
-        "-",
-        input=service(
-            "later", engine={"cacheClaimName": "late-cache"}, serving={"nodeSelector": L20}
-        ),
+    cluster.apply(
+        ns, service("later", engine={"cacheClaimName": "late-cache"}, serving={"nodeSelector": L20})
     )
     wait_for(
         "CacheClaimMissing",
@@ -398,7 +375,7 @@ def test_missing_claim_then_created_starts_the_build(
         ),
     )
     assert jobs(cluster, ns) == []
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=cache_claim("late-cache"))
+    cluster.apply(ns, cache_claim("late-cache"))
     obj = wait_engine_ready(cluster, ns, "later")
     assert len(jobs(cluster, ns)) == 1
     assert obj["status"]["phase"] == "Deploying"
@@ -417,7 +394,7 @@ def test_two_operators_and_three_services_racing_make_one_job(
         manifests = "\n---\n".join(
             service(f"race-{i}", serving={"nodeSelector": L20}) for i in range(3)
         )
-        cluster.kubectl("apply", "-n", ns, "-f", "-", input=manifests)
+        cluster.apply(ns, manifests)
         keys = {
             wait_engine_ready(cluster, ns, f"race-{i}")["status"]["engines"][0]["key"]
             for i in range(3)

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,9 @@ def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def named() -> tuple[str, str]:
+def named() -> Iterator[tuple[str, str]]:
     names = ("cli-a", "cli-b")
-    yield names  # type: ignore[misc]
+    yield names
     for n in names:
         LocalCluster(n).down(quiet=True, wipe=True)
 
