@@ -22,7 +22,13 @@ def _repo_file(*parts: str) -> Path:
 def _cmd_run(args: argparse.Namespace) -> int:
     import kopf
 
-    from . import handlers  # registers the handlers with kopf
+    from .config import ConfigError
+
+    try:
+        from . import handlers  # registers the handlers with kopf; reads the configuration
+    except ConfigError as exc:
+        print(f"error: bad operator setting: {exc}", file=sys.stderr)
+        return 2
 
     namespaces = args.namespace or []
     handlers.SERVED_NAMESPACES = tuple(namespaces)

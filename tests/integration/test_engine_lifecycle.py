@@ -406,3 +406,21 @@ def test_two_operators_and_three_services_racing_make_one_job(
     finally:
         for op in ops:
             op.stop()
+
+
+def test_build_for_a_product_without_nodes_waits_and_says_why(
+    cluster: Cluster, ns: str, operator: OperatorProcess
+) -> None:
+    # Engines may be built ahead of the fleet (spec.engine.gpuProducts); until a node of the
+    # product exists the Job's pod cannot be placed, and the service relays the scheduler.
+    cluster.apply(ns, service("ahead", engine={"gpuProducts": ["NVIDIA-A100-SXM4-80GB"]}))
+
+    def waiting() -> dict[str, Any] | None:
+        engines = cvs(cluster, ns, "ahead").get("status", {}).get("engines") or []
+        return engines[0] if engines and "waits for a GPU node" in engines[0]["message"] else None
+
+    entry = wait_for("the scheduler's reason", waiting, timeout=30)
+    assert entry["state"] == "Pending" and entry["gpuArch"] == "sm_80"
+    assert "node affinity" in entry["message"] or "didn't match" in entry["message"]
+    assert cvs(cluster, ns, "ahead")["status"]["phase"] == "BuildingEngine"
+    assert len(jobs(cluster, ns)) == 1
