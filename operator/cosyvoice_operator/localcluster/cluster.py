@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -37,6 +38,9 @@ DEFAULT_GPUS_PER_NODE = 8
 # Hostpath volumes the cluster offers to PersistentVolumeClaims (the engine cache, for one):
 # no dynamic provisioner runs here, so a pool is made at start.
 VOLUME_POOL = 48
+
+# In start order; stopped in reverse.
+COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
 
 CONTROLLERS = [
     "job-controller",
@@ -226,7 +230,7 @@ class LocalCluster:
 
     def running(self) -> dict[str, bool]:
         state = State.load(self.paths.state)
-        return {comp: _alive(pid, _binary_of(comp)) for comp, pid in state.pids.items()}
+        return {comp: _alive(pid, comp) for comp, pid in state.pids.items()}
 
     def is_up(self) -> bool:
         status = self.running()
@@ -259,7 +263,7 @@ class LocalCluster:
         try:
             for comp in COMPONENTS:
                 pid = state.pids.get(comp)
-                if pid and _alive(pid, _binary_of(comp)):
+                if pid and _alive(pid, comp):
                     continue
                 self.log(f"starting {comp} ...")
                 proc = self._spawn(comp, paths, state.ports)
@@ -543,34 +547,32 @@ class LocalCluster:
         state = State.load(self.paths.state)
         for comp in reversed(COMPONENTS):
             pid = state.pids.get(comp)
-            if pid and _alive(pid, _binary_of(comp)):
+            if pid and _alive(pid, comp):
                 if not quiet:
                     self.log(f"stopping {comp} (pid {pid})")
-                _stop(pid, _binary_of(comp))
+                _stop(pid, comp)
         state.pids = {}
         if self.paths.root.exists():
             state.save(self.paths.state)
         if wipe and self.paths.root.exists():
-            subprocess.run(["rm", "-rf", str(self.paths.root)], check=True)
+            shutil.rmtree(self.paths.root)
 
     def status(self) -> dict[str, Any]:
         state = State.load(self.paths.state)
+        running = self.running()
         procs = {
-            comp: {"pid": state.pids.get(comp), "port": state.ports.get(comp), "running": alive}
-            for comp, alive in ((c, self.running().get(c, False)) for c in COMPONENTS)
+            comp: {
+                "pid": state.pids.get(comp),
+                "port": state.ports.get(comp),
+                "running": running.get(comp, False),
+            }
+            for comp in COMPONENTS
         }
         return {
             "name": self.paths.name,
             "kubeconfig": str(self.paths.kubeconfig),
             "components": procs,
         }
-
-
-COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
-
-
-def _binary_of(comp: str) -> str:
-    return comp
 
 
 def _stop(pid: int, binary: str, grace: float = 10) -> None:
