@@ -485,9 +485,25 @@ def assess(
         return EngineState(
             "Pending", f"{name} waits for a GPU node: {waiting}", job=name, attempts=attempt
         )
-    running = any((p.get("status") or {}).get("phase") == "Running" for p in pods)
-    node = next(
-        (p.get("spec", {}).get("nodeName") for p in pods if p.get("spec", {}).get("nodeName")), ""
-    )
-    msg = f"{name} running on {node}" if running and node else f"{name} started"
+    running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+    if running:
+        pod = running[0]
+        node = (pod.get("spec") or {}).get("nodeName") or "?"
+        msg = f"{name} running on {node}"
+        since = _running_since(pod)
+        if since is not None:
+            # A fixed start time, not an elapsed one: the status does not change every resync.
+            msg += f" since {since.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+    else:
+        msg = f"{name} started"
     return EngineState("Building", f"{msg} (attempt {attempt})", job=name, attempts=attempt)
+
+
+def _running_since(pod: Mapping[str, Any]) -> dt.datetime | None:
+    status = pod.get("status") or {}
+    for cs in status.get("containerStatuses") or []:
+        started = _parse_time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
+        if started is not None:
+            return started.astimezone(dt.UTC)
+    started = _parse_time(status.get("startTime"))
+    return started.astimezone(dt.UTC) if started else None

@@ -189,6 +189,13 @@ def test_operator_killed_mid_build_adopts_the_job(
             return obj if obj.get("status", {}).get("phase") == "BuildingEngine" else None
 
         wait_for("a build in flight", building)
+
+        def progress() -> str | None:
+            msg: str = cvs(cluster, ns, "slow")["status"]["engines"][0]["message"]
+            return msg if "running on nvidia-l20-" in msg else None
+
+        # Where it runs and since when, so a long build shows it is alive.
+        assert " since 20" in wait_for("the build pod's node", progress, timeout=15)
         [job] = jobs(cluster, ns)
         assert not job["status"].get("succeeded")
         op.kill()

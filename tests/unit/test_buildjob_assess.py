@@ -89,7 +89,10 @@ CASES = [
         state="Building",
         job=_name(2),
         attempts=2,
-        message_has=(f"{_name(2)} running on gpu-h100-3", "(attempt 2)"),
+        message_has=(
+            f"{_name(2)} running on gpu-h100-3 since 2025-03-01T12:00:00Z",
+            "(attempt 2)",
+        ),
     ),
     Case(
         "complete",
