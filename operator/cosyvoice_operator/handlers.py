@@ -167,8 +167,19 @@ async def _engine_state(
     return st
 
 
-async def reconcile(kube: Kube, body: Mapping[str, Any]) -> dict[str, Any]:
-    """The status fields that change for this service, after acting on its engines."""
+async def gpu_nodes(kube: Kube) -> list[gpus.GPUNode]:
+    """The nodes that carry a GPU product label."""
+    found = (gpus.GPUNode.from_node(raw) for raw in await kube.list_nodes())
+    return [node for node in found if node is not None]
+
+
+async def reconcile(
+    kube: Kube, body: Mapping[str, Any], nodes: list[gpus.GPUNode] | None = None
+) -> dict[str, Any]:
+    """The status fields that change for this service, after acting on its engines.
+
+    `nodes` lets a caller that reconciles many services read the nodes once for all.
+    """
     meta = body.get("metadata") or {}
     namespace = meta.get("namespace") or "default"
     generation = int(meta.get("generation") or 0)
@@ -180,12 +191,10 @@ async def reconcile(kube: Kube, body: Mapping[str, Any]) -> dict[str, Any]:
     except SpecError as exc:
         new = status.engine_status(None, {}, [], str(exc), previous, generation, 0, now)
         return _changes(previous, new)
-    nodes: list[gpus.GPUNode] = []
-    if not svc.engine.gpu_products:
-        for raw in await kube.list_nodes():
-            node = gpus.GPUNode.from_node(raw)
-            if node is not None:
-                nodes.append(node)
+    if svc.engine.gpu_products:
+        nodes = []  # the products are given: no need to look at the nodes
+    elif nodes is None:
+        nodes = await gpu_nodes(kube)
     plan = engine.plan(svc, nodes, CONFIG.build.default_builder_image)
     blockers = await _blockers(kube, svc, namespace)
     states: dict[str, buildjob.EngineState] = {}
@@ -231,6 +240,7 @@ async def resync_forever(kube: Kube, namespaces: tuple[str, ...], interval: floa
         await asyncio.sleep(interval)
         try:
             services = await kube.list_services(namespaces)
+            nodes = await gpu_nodes(kube)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -241,7 +251,7 @@ async def resync_forever(kube: Kube, namespaces: tuple[str, ...], interval: floa
             if meta.get("deletionTimestamp"):
                 continue
             try:
-                changes = await reconcile(kube, body)
+                changes = await reconcile(kube, body, nodes)
                 if changes:
                     await kube.patch_service_status(meta["namespace"], meta["name"], changes)
             except asyncio.CancelledError:
