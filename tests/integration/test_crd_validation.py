@@ -21,6 +21,8 @@ from typing import Any, Protocol
 import pytest
 import yaml
 
+from tests.api_defaults import stored_minimal_spec
+
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "cosyvoiceservices.tts.cosyvoice.dev.yaml"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -528,42 +530,7 @@ def test_minimal_spec_gets_every_default(cluster: Cluster, namespace: str) -> No
     model = {"variant": "cosyvoice2", "uri": "hf://yuekai/cosyvoice2_llm"}
     result = _create(cluster, namespace, "minimal", {"model": model})
     assert result.returncode == 0, result.stderr
-    assert _get(cluster, namespace, "minimal")["spec"] == {
-        "model": {**model, "revision": "", "credentialsSecret": ""},
-        "engine": {
-            "precision": "bfloat16",
-            "tensorParallelSize": 1,
-            "maxBatchSize": 16,
-            "maxNumTokens": 32768,
-            "builderImage": "",
-            "cacheClaimName": "cosyvoice-engines",
-            "gpuProducts": [],
-        },
-        "serving": {
-            "image": "",
-            "gpusPerReplica": 1,
-            "instancesPerGpu": 1,
-            "streaming": True,
-            "dynamicBatching": {
-                "preferredBatchSizes": [4, 8, 16],
-                "maxQueueDelayMicroseconds": 500,
-                "priorityLevels": 2,
-            },
-            "resources": {},
-        },
-        "replicas": 1,
-        "autoscaling": {
-            "enabled": False,
-            "mode": "Active",
-            "minReplicas": 1,
-            "maxReplicas": 4,
-            "targetQueueLatencyMilliseconds": 50,
-            "evaluationIntervalSeconds": 15,
-            "scaleUp": {"stabilizationWindowSeconds": 0, "maxStepReplicas": 4},
-            "scaleDown": {"stabilizationWindowSeconds": 300, "maxStepReplicas": 1},
-            "prometheusUrl": "",
-        },
-    }
+    assert _get(cluster, namespace, "minimal")["spec"] == stored_minimal_spec(model)
 
 
 @pytest.mark.cluster

@@ -8,6 +8,7 @@ import pytest
 
 from cosyvoice_operator import spec
 from cosyvoice_operator.spec import SpecError
+from tests.api_defaults import stored_minimal_spec
 
 from .objects import MINIMAL_SPEC, raw_spec
 
@@ -57,46 +58,7 @@ def test_minimal_spec_gets_the_defaults_of_api_md() -> None:
 
 def test_api_server_defaults_parse_to_the_same_spec() -> None:
     """A stored object (every default filled in by the API server) equals the minimal one."""
-    stored = raw_spec(
-        model={"revision": "", "credentialsSecret": ""},
-        engine={
-            "precision": "bfloat16",
-            "tensorParallelSize": 1,
-            "maxBatchSize": 16,
-            "maxNumTokens": 32768,
-            "builderImage": "",
-            "cacheClaimName": "cosyvoice-engines",
-            "gpuProducts": [],
-        },
-        serving={
-            "image": "",
-            "gpusPerReplica": 1,
-            "instancesPerGpu": 1,
-            "streaming": True,
-            "dynamicBatching": {
-                "preferredBatchSizes": [4, 8, 16],
-                "maxQueueDelayMicroseconds": 500,
-                "priorityLevels": 2,
-            },
-            "resources": {},
-            "nodeSelector": {},
-            "tolerations": [],
-            "affinity": {},
-        },
-        replicas=1,
-        autoscaling={
-            "enabled": False,
-            "mode": "Active",
-            "minReplicas": 1,
-            "maxReplicas": 4,
-            "targetQueueLatencyMilliseconds": 50,
-            "evaluationIntervalSeconds": 15,
-            "scaleUp": {"stabilizationWindowSeconds": 0, "maxStepReplicas": 4},
-            "scaleDown": {"stabilizationWindowSeconds": 300, "maxStepReplicas": 1},
-            "prometheusUrl": "",
-            "schedules": [],
-        },
-    )
+    stored = stored_minimal_spec(MINIMAL_SPEC["model"])
     assert spec.parse(stored) == spec.parse(MINIMAL_SPEC)
 
 

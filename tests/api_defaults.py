@@ -1,0 +1,52 @@
+"""What the API server stores for a minimal CosyVoiceService: every CRD default filled in.
+
+One constant for two tests, so the CRD's defaults and spec.py's cannot drift apart: the CRD
+test checks the real API server stores exactly this for a spec of only `model`, and the spec
+test checks that spec.parse reads it as it reads the minimal spec.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+_DEFAULTS: dict[str, Any] = {
+    "engine": {
+        "precision": "bfloat16",
+        "tensorParallelSize": 1,
+        "maxBatchSize": 16,
+        "maxNumTokens": 32768,
+        "builderImage": "",
+        "cacheClaimName": "cosyvoice-engines",
+        "gpuProducts": [],
+    },
+    "serving": {
+        "image": "",
+        "gpusPerReplica": 1,
+        "instancesPerGpu": 1,
+        "streaming": True,
+        "dynamicBatching": {
+            "preferredBatchSizes": [4, 8, 16],
+            "maxQueueDelayMicroseconds": 500,
+            "priorityLevels": 2,
+        },
+        "resources": {},
+    },
+    "replicas": 1,
+    "autoscaling": {
+        "enabled": False,
+        "mode": "Active",
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "targetQueueLatencyMilliseconds": 50,
+        "evaluationIntervalSeconds": 15,
+        "scaleUp": {"stabilizationWindowSeconds": 0, "maxStepReplicas": 4},
+        "scaleDown": {"stabilizationWindowSeconds": 300, "maxStepReplicas": 1},
+        "prometheusUrl": "",
+    },
+}
+
+
+def stored_minimal_spec(model: dict[str, Any]) -> dict[str, Any]:
+    """The stored spec of ``{"model": model}`` (model holding variant and uri)."""
+    return {"model": {**model, "revision": "", "credentialsSecret": ""}, **copy.deepcopy(_DEFAULTS)}
