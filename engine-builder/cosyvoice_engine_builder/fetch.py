@@ -8,6 +8,14 @@
 - ``pvc://CLAIM/PATH``: nothing is copied; the Job mounts the claim at
   ``<pvc-root>/<CLAIM>`` and the model is read in place.
 
+For upstream's published releases the companion repositories upstream's scripts download
+too (the LLM as a Hugging Face checkpoint, CosyVoice3's fp16 estimator export) are fetched
+into the same directory (:mod:`~cosyvoice_engine_builder.releases`).
+
+Errors that a retry cannot fix (no such repository, revision, bucket or prefix; a gated
+repository or refused credentials) are permanent, so the Job fails at once and the service
+says why instead of retrying a download that will never work.
+
 The Hugging Face and S3 clients are injectable (:class:`Downloaders`) because neither
 service is reachable from the test environment; their libraries are imported lazily
 because they exist only in the builder image.
@@ -21,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
+from cosyvoice_engine_builder.releases import Companion, companions
 from cosyvoice_engine_builder.request import BuildRequest
 from cosyvoice_engine_builder.runner import Command, CommandFailed, Runner
 from cosyvoice_engine_builder.toolchain import find_executable
@@ -36,6 +45,46 @@ class FetchError(Exception):
     def __init__(self, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
+
+
+# Exceptions of huggingface_hub (by class name: the library exists only in the builder image)
+# that mean the repository, revision or file does not exist for these credentials.
+_HF_PERMANENT = {
+    "RepositoryNotFoundError",
+    "RevisionNotFoundError",
+    "GatedRepoError",
+    "DisabledRepoError",
+    "EntryNotFoundError",
+    "LocalEntryNotFoundError",
+}
+# S3 error codes (botocore ClientError, or the AWS CLI's message) that a retry cannot fix.
+_S3_PERMANENT = {
+    "NoSuchBucket",
+    "NoSuchKey",
+    "AccessDenied",
+    "AllAccessDisabled",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "InvalidBucketName",
+    "403",
+    "404",
+}
+_PERMANENT_HTTP = {401, 403, 404}
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Would retrying the same download fail the same way?"""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & _HF_PERMANENT or "NoCredentialsError" in names:
+        return True
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int) and status in _PERMANENT_HTTP:
+        return True
+    if isinstance(response, dict):  # botocore ClientError
+        code = str((response.get("Error") or {}).get("Code", ""))
+        return code in _S3_PERMANENT
+    return False
 
 
 class HfSnapshotDownload(Protocol):
@@ -87,16 +136,26 @@ def describe(request: BuildRequest, environ: Mapping[str, str]) -> str:
     source, target = request.source, model_dir(request)
     revision = request.revision or None
     if source.scheme == "hf":
-        return (
-            f"huggingface_hub.snapshot_download(repo_id={source.authority!r}, "
-            f"revision={revision!r}, local_dir={str(target)!r})"
-        )
+        text = _describe_hf(source.authority, revision, target)
+        for extra in companions(request.variant, source):
+            text += (
+                f"; then, for {extra.what}, "
+                f"{_describe_hf(extra.source.authority, None, target / extra.into)}"
+            )
+        return text
     if source.scheme == "s3":
         aws = environ.get("AWS_CLI") or "aws"
         if find_executable(aws, environ) is not None:
             return Command(_aws_sync_argv(aws, request, target)).display()
         return f"boto3 download of {source.uri}/ into {target}"
     return f"use {target} in place (claim {source.authority!r} mounted at {request.pvc_root})"
+
+
+def _describe_hf(repo_id: str, revision: str | None, target: Path) -> str:
+    return (
+        f"huggingface_hub.snapshot_download(repo_id={repo_id!r}, "
+        f"revision={revision!r}, local_dir={str(target)!r})"
+    )
 
 
 def _aws_sync_argv(aws: str, request: BuildRequest, target: Path) -> tuple[str, ...]:
@@ -130,19 +189,11 @@ def fetch_model(
     target.mkdir(parents=True, exist_ok=True)
     if scheme == "hf":
         download = downloaders.hf_snapshot_download or _real_hf_snapshot_download
-        try:
-            download(
-                repo_id=request.source.authority,
-                revision=request.revision or None,
-                token=environ.get("HF_TOKEN") or None,
-                local_dir=str(target),
-            )
-        except Exception as exc:
-            raise FetchError(
-                f"download of {request.source.uri}"
-                f"{'@' + request.revision if request.revision else ''} failed: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+        token = environ.get("HF_TOKEN") or environ.get("HUGGING_FACE_HUB_TOKEN") or None
+        _hf_fetch(download, request.source.uri, request.revision, token, target)
+        for extra in companions(request.variant, request.source):
+            echo(f"{request.source.uri} is an upstream release: also fetching {extra.what}")
+            _hf_fetch(download, extra.uri, "", token, target / extra.into, extra)
         return target
 
     aws = environ.get("AWS_CLI") or "aws"
@@ -152,13 +203,44 @@ def fetch_model(
         except CommandFailed as exc:
             detail = "\n".join(exc.tail()[-10:])
             raise FetchError(
-                f"aws s3 sync from {request.source.uri} failed: {exc}\n{detail}"
+                f"aws s3 sync from {request.source.uri} failed: {exc}\n{detail}",
+                permanent=any(f"({code})" in detail for code in _S3_PERMANENT),
             ) from exc
     else:
         _boto3_download(request, target, downloaders.s3_client_factory or _real_s3_client, echo)
     if not any(target.iterdir()):
-        raise FetchError(f"{request.source.uri}/ is empty or does not exist")
+        # The listing itself succeeded (S3 is strongly consistent): the path is wrong.
+        raise FetchError(f"{request.source.uri}/ is empty or does not exist", permanent=True)
     return target
+
+
+def _hf_fetch(
+    download: HfSnapshotDownload,
+    uri: str,
+    revision: str,
+    token: str | None,
+    target: Path,
+    companion: Companion | None = None,
+) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        download(
+            repo_id=uri.removeprefix("hf://"),
+            revision=revision or None,
+            token=token,
+            local_dir=str(target),
+        )
+    except Exception as exc:
+        permanent = is_permanent(exc)
+        hint = ""
+        if permanent and not token:
+            hint = " (no HF_TOKEN was given: a private or gated repository needs one)"
+        role = f" ({companion.what})" if companion else ""
+        raise FetchError(
+            f"download of {uri}{'@' + revision if revision else ''}{role} failed: "
+            f"{type(exc).__name__}: {exc}{hint}",
+            permanent=permanent,
+        ) from exc
 
 
 def _boto3_download(
@@ -201,5 +283,6 @@ def _boto3_download(
         raise
     except Exception as exc:
         raise FetchError(
-            f"download of {request.source.uri}/ failed: {type(exc).__name__}: {exc}"
+            f"download of {request.source.uri}/ failed: {type(exc).__name__}: {exc}",
+            permanent=is_permanent(exc),
         ) from exc

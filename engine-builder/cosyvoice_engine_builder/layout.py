@@ -15,12 +15,11 @@ Expected model layout (one directory per model, whatever the source)::
                                              hift.pt, speech_tokenizer_v*.onnx, ...), copied
                                              as is for the serving pods
 
-Upstream downloads the LLM and the rest from separate repositories (for cosyvoice2:
-``yuekai/cosyvoice2_llm`` and ``iic/CosyVoice2-0.5B``; for cosyvoice3:
-``yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF`` plus ``yuekai/Fun-CosyVoice3-0.5B-2512-FP16-ONNX``
-and ``FunAudioLLM/Fun-CosyVoice3-0.5B-2512``); the builder takes one source, so the
-model is expected pre-assembled with the LLM under ``llm/``. A checkpoint at the root
-is accepted too, for a source that holds only the LLM next to the ONNX files.
+Upstream downloads the LLM and the rest from separate repositories; for its published
+releases the builder fetches those companions into this layout itself
+(:mod:`~cosyvoice_engine_builder.releases`). Any other source is expected pre-assembled
+with the LLM under ``llm/``; a checkpoint at the root is accepted too, for a source that
+holds the LLM next to the ONNX files.
 
 Produced engine layout (``<cache-dir>/<key>/``)::
 

@@ -34,6 +34,7 @@ from cosyvoice_engine_builder.manifest import SCHEMA_VERSION, verify_engine_dir
 from cosyvoice_engine_builder.progress import Console, StepLog
 from cosyvoice_engine_builder.publish import Placement, publish
 from cosyvoice_engine_builder.redaction import without_secrets
+from cosyvoice_engine_builder.releases import companions, known_releases
 from cosyvoice_engine_builder.request import BuildRequest, Precision
 from cosyvoice_engine_builder.runner import Command, CommandFailed, Runner
 from cosyvoice_engine_builder.steps import StepMarkers, params_digest
@@ -158,21 +159,28 @@ class Pipeline:
     def _fetch_digest(self) -> str:
         r = self.request
         return params_digest(
-            {"uri": r.source.uri, "revision": r.revision, "modelDir": str(model_dir(r))}
+            {
+                "uri": r.source.uri,
+                "revision": r.revision,
+                "modelDir": str(model_dir(r)),
+                "companions": [(c.uri, c.into) for c in companions(r.variant, r.source)],
+            }
         )
 
     @staticmethod
     def _convert_digest(after: str, argv: tuple[str, ...], versions: Versions) -> str:
         return params_digest({"after": after, "argv": argv, "tensorrtLlm": versions.tensorrt_llm})
 
-    @staticmethod
-    def _build_digest(after: str, argv: tuple[str, ...], versions: Versions) -> str:
+    def _build_digest(self, after: str, argv: tuple[str, ...], versions: Versions) -> str:
+        # The engine is for one architecture; its file names do not say which, so a
+        # --work-dir shared between keys must not hand an sm_89 engine to an sm_90 build.
         return params_digest(
             {
                 "after": after,
                 "argv": argv,
                 "tensorrt": versions.tensorrt,
                 "tensorrtLlm": versions.tensorrt_llm,
+                "gpuArch": self.request.gpu_arch,
             }
         )
 
@@ -270,9 +278,11 @@ class Pipeline:
     ) -> None:
         self.current_step = name
         log = StepLog(self.console, index, len(STEPS), name)
-        if self.markers.is_done(name, digest) and all(_present(p) for p in outputs):
+        if self.markers.is_done(name, digest, outputs):
             log.line("skipped: done in an earlier attempt with the same inputs")
             return
+        if self.markers.is_done(name, digest):
+            log.line("outputs changed since an earlier attempt finished this step: redoing it")
         self.markers.clear(name)
         # Whatever a crashed attempt left behind is not trusted: the tools would mix
         # old and new ranks or refuse to overwrite.
@@ -292,7 +302,7 @@ class Pipeline:
         missing = [str(p) for p in outputs if not _present(p)]
         if missing:
             raise BuildFailed(name, f"{name} finished but did not produce {', '.join(missing)}")
-        self.markers.mark_done(name, digest)
+        self.markers.mark_done(name, digest, outputs)
         log.line("done")
 
     def _run_tool(self, log: StepLog, argv: tuple[str, ...]) -> None:
@@ -322,7 +332,15 @@ class Pipeline:
         except LayoutError as exc:
             # The files the marker vouched for are gone or wrong: fetch again next time.
             self.markers.clear("fetch")
-            raise BuildFailed("fetch", str(exc), permanent=True) from exc
+            message = str(exc)
+            if not companions(r.variant, r.source):
+                message += (
+                    f". Upstream's {r.variant.value} release "
+                    f"({', '.join(known_releases(r.variant))}) is completed with its companion "
+                    "repositories automatically; any other source must hold the whole model "
+                    "(LLM checkpoint under llm/ and the ONNX files)"
+                )
+            raise BuildFailed("fetch", message, permanent=True) from exc
         return digest, layout
 
     def _convert(self, index: int, layout: ModelLayout, after: str, versions: Versions) -> str:
@@ -391,7 +409,13 @@ class Pipeline:
                 "schemaVersion": SCHEMA_VERSION,
                 "key": r.key,
                 "variant": r.variant.value,
-                "model": {"uri": r.source.uri, "revision": r.revision},
+                "model": {
+                    "uri": r.source.uri,
+                    "revision": r.revision,
+                    "companions": [
+                        {"uri": c.uri, "into": c.into} for c in companions(r.variant, r.source)
+                    ],
+                },
                 "precision": r.precision.value,
                 "tensorParallelSize": r.tensor_parallel_size,
                 "maxBatchSize": r.max_batch_size,

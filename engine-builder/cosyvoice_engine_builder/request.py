@@ -110,6 +110,21 @@ def validate_gpu_arch(arch: str) -> str:
     return arch
 
 
+# The oldest architecture each precision runs on (TensorRT-LLM's support matrix): bfloat16
+# needs Ampere tensor cores, FP8 needs Ada or Hopper. Checked before any download, so a
+# mismatch costs no GPU time (the operator refuses these pairs too).
+_PRECISION_MIN_SM = {Precision.BFLOAT16: 80, Precision.FP8: 89}
+
+
+def _check_precision_arch(precision: Precision, arch: str) -> None:
+    needed = _PRECISION_MIN_SM.get(precision)
+    have = int("".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit()))
+    if needed is not None and have < needed:
+        raise InvalidRequest(
+            f"--precision {precision.value} needs sm_{needed} or newer; --gpu-arch is {arch}"
+        )
+
+
 def _positive(value: int, flag: str) -> int:
     if value < 1:
         raise InvalidRequest(f"{flag} must be a positive integer, got {value}")
@@ -162,6 +177,7 @@ class BuildRequest:
                 f"--precision {precision!r}: expected one of "
                 f"{', '.join(p.value for p in Precision)}"
             ) from None
+        _check_precision_arch(precision_value, validate_gpu_arch(gpu_arch))
         return cls(
             key=key,
             cache_dir=cache_dir,

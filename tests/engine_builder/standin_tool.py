@@ -20,6 +20,16 @@ import sys
 import time
 from pathlib import Path
 
+# Mirrors cosyvoice_engine_builder.redaction.SECRET_ENV_VARS (checked by test_redaction), so
+# that this stand-in, which runs as a separate script, imports nothing of the builder.
+SECRET_NAMES = (
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+)
+
 
 def _opt(argv: list[str], name: str) -> str:
     for i, arg in enumerate(argv):
@@ -33,7 +43,12 @@ def _opt(argv: list[str], name: str) -> str:
 def main(tool: str) -> None:
     argv = sys.argv[1:]
     with open(os.environ["CALL_LOG"], "a", encoding="utf-8") as log:
-        record = {"tool": tool, "argv": argv, "hf_token_in_env": "HF_TOKEN" in os.environ}
+        record = {
+            "tool": tool,
+            "argv": argv,
+            "hf_token_in_env": "HF_TOKEN" in os.environ,
+            "secrets_in_env": sorted(k for k in SECRET_NAMES if k in os.environ),
+        }
         log.write(json.dumps(record) + "\n")
 
     sleep = os.environ.get("FAKE_SLEEP", "")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,7 +70,11 @@ def test_manifest_describes_the_engine_and_its_digests(builder: Builder) -> None
     assert manifest["schemaVersion"] == 1
     assert manifest["key"] == KEY
     assert manifest["variant"] == "cosyvoice2"
-    assert manifest["model"] == {"uri": "pvc://models/cosyvoice2", "revision": "v1.2"}
+    assert manifest["model"] == {
+        "uri": "pvc://models/cosyvoice2",
+        "revision": "v1.2",
+        "companions": [],
+    }
     assert manifest["precision"] == "bfloat16"
     assert manifest["tensorParallelSize"] == 1
     assert manifest["maxBatchSize"] == 16
@@ -125,6 +131,50 @@ def test_success_is_atomic_and_cleans_up(builder: Builder) -> None:
     assert isinstance(result.termination["seconds"], float | int)
     assert result.termination["alreadyBuilt"] is False
     assert "\n" not in (result.termination_raw or "").strip()
+
+
+def test_a_crash_at_the_final_rename_leaves_no_engine_and_the_rerun_completes(
+    builder: Builder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cosyvoice_engine_builder.manifest import write_manifest as real_write_manifest
+
+    real_replace = os.replace
+    seen_at_manifest: list[set[str]] = []
+
+    def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+        # Every file the manifest lists is already in place, whole, when it is written.
+        seen_at_manifest.append(
+            {
+                f["path"]
+                for f in manifest["files"]
+                if (directory / f["path"]).stat().st_size == f["size"]
+            }
+        )
+        real_write_manifest(directory, manifest)
+
+    def crash_on_publish(src: Any, dst: Any) -> None:
+        if Path(dst) == builder.engine_dir:
+            raise OSError("simulated power loss before the rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr("cosyvoice_engine_builder.publish.write_manifest", write_manifest)
+    monkeypatch.setattr(os, "replace", crash_on_publish)
+    crashed = builder.build()
+    assert crashed.code == 1
+    assert crashed.termination is not None and crashed.termination["step"] == "publish"
+    assert not builder.engine_dir.exists()  # never a half-published engine
+    assert (builder.cache / f"{KEY}.partial" / "manifest.json").is_file()
+    (listed,) = seen_at_manifest
+    assert {"llm/rank0.engine", "llm/config.json", "model/llm/config.json"} <= listed
+
+    monkeypatch.setattr(os, "replace", real_replace)
+    builder.reset_calls()
+    resumed = builder.build()
+    assert resumed.code == 0, resumed.out
+    assert builder.calls() == []  # every step was done: only the publish is redone
+    assert "discarding the leftover" in resumed.out
+    assert not (builder.cache / f"{KEY}.partial").exists()
+    assert builder.run(["verify", "--cache-dir", str(builder.cache), "--key", KEY]).code == 0
 
 
 def test_a_verified_engine_is_not_built_again(builder: Builder) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from cosyvoice_engine_builder.fetch import Downloaders
-from cosyvoice_engine_builder.redaction import MASK, Redactor
+from cosyvoice_engine_builder.redaction import MASK, SECRET_ENV_VARS, Redactor
+from tests.engine_builder import standin_tool
 from tests.engine_builder.conftest import Builder
 
 TOKEN = "hf_SeCrEtToKeN0123456789abcdef"
@@ -34,10 +35,28 @@ def test_a_tool_echoing_the_token_is_redacted_everywhere(builder: Builder) -> No
 
 
 def test_tools_do_not_receive_credentials(builder: Builder) -> None:
-    env = {"HF_TOKEN": TOKEN, "AWS_SECRET_ACCESS_KEY": AWS_SECRET}
+    assert set(standin_tool.SECRET_NAMES) == set(SECRET_ENV_VARS)
+    env = {name: f"secret-{i}" for i, name in enumerate(SECRET_ENV_VARS)}
     assert builder.build(env_extra=env).code == 0
     calls = builder.calls()
-    assert calls and not any(c["hf_token_in_env"] for c in calls)
+    assert [c["tool"] for c in calls] == ["convert", "trtllm-build", "trtexec", "trtexec"]
+    assert all(c["secrets_in_env"] == [] for c in calls)
+
+
+def test_the_stand_in_does_see_credentials_it_is_given(builder: Builder) -> None:
+    # The check above would pass vacuously if the stand-in could not see its environment:
+    # with the builder's stripping bypassed (a tool run by hand), the names do show.
+    import subprocess
+    import sys
+
+    env = {**builder.env, "AWS_SECRET_ACCESS_KEY": AWS_SECRET}
+    subprocess.run(
+        [sys.executable, str(builder.tmp / "bin" / "trtexec"), "--onnx=x", "--saveEngine=y"],
+        env=env,
+        check=False,
+        capture_output=True,
+    )
+    assert builder.calls()[-1]["secrets_in_env"] == ["AWS_SECRET_ACCESS_KEY"]
 
 
 def test_a_download_error_quoting_the_token_is_redacted(builder: Builder) -> None:

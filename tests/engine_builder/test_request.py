@@ -67,3 +67,33 @@ def test_cli_rejects_bad_input_with_exit_code_2(builder: Builder) -> None:
         assert result.code == 2, overrides
         assert result.termination is not None and result.termination["step"] == "arguments"
     assert builder.calls() == []
+
+
+@pytest.mark.parametrize(
+    ("precision", "arch", "ok"),
+    [
+        ("fp8", "sm_89", True),
+        ("fp8", "sm_90a", True),
+        ("fp8", "sm_100", True),
+        ("fp8", "sm_80", False),
+        ("fp8", "sm_86", False),
+        ("bfloat16", "sm_80", True),
+        ("bfloat16", "sm_75", False),
+        ("float16", "sm_75", True),
+        ("int8-weight-only", "sm_75", True),
+    ],
+)
+def test_precision_must_run_on_the_architecture(precision: str, arch: str, ok: bool) -> None:
+    if ok:
+        assert _request(precision=precision, gpu_arch=arch).gpu_arch == arch
+    else:
+        with pytest.raises(InvalidRequest, match=f"--precision {precision} needs sm_"):
+            _request(precision=precision, gpu_arch=arch)
+
+
+def test_fp8_on_ampere_fails_before_any_work(builder: Builder) -> None:
+    result = builder.build(precision="fp8", gpu_arch="sm_80")
+    assert result.code == 2
+    assert result.termination is not None
+    assert "needs sm_89 or newer" in result.termination["message"]
+    assert builder.calls() == []

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+from pathlib import Path
 
 from tests.engine_builder.conftest import KEY, Builder
 
@@ -117,3 +119,55 @@ def test_an_invalid_engine_directory_is_replaced(builder: Builder) -> None:
     assert "moving the invalid" in result.out
     assert (builder.engine_dir / "manifest.json").is_file()
     assert not (builder.engine_dir / "rank0.engine").exists()
+
+
+def test_a_truncated_output_behind_a_marker_is_rebuilt_not_published(builder: Builder) -> None:
+    # A node crash can leave a marker whose file lost its tail (the tools never fsync).
+    work = builder.cache / ".work" / KEY
+    assert builder.build(env_extra={"FAKE_FAIL": "trtexec"}).code == 1
+    engine = work / "trt_engines" / "rank0.engine"
+    whole = engine.read_bytes()
+    engine.write_bytes(whole[: len(whole) // 2])
+    builder.reset_calls()
+    resumed = builder.build()
+    assert resumed.code == 0, resumed.out
+    assert builder.tools_called() == ["trtllm-build", "trtexec", "trtexec"]
+    assert "build: outputs changed since an earlier attempt" in resumed.out
+    assert (builder.engine_dir / "llm" / "rank0.engine").read_bytes() == whole
+
+
+def test_same_size_corruption_behind_a_marker_is_caught_by_its_digest(builder: Builder) -> None:
+    work = builder.cache / ".work" / KEY
+    assert builder.build(env_extra={"FAKE_FAIL": "trtexec", "FAKE_FAIL_ARG": "campplus"}).code == 1
+    plan = next((work / "plans").glob("flow.*.plan"))
+    whole = plan.read_bytes()
+    plan.write_bytes(bytes(len(whole)))  # same size, other bytes
+    builder.reset_calls()
+    assert builder.build().code == 0
+    assert builder.tools_called() == ["trtexec", "trtexec"]  # the flow plan is rebuilt too
+    assert (builder.engine_dir / "plans" / plan.name).read_bytes() == whole
+
+
+def test_markers_record_what_each_step_produced(builder: Builder) -> None:
+    work = builder.cache / ".work" / KEY
+    assert builder.build(env_extra={"FAKE_FAIL": "trtexec"}).code == 1
+    marker = json.loads((work / "steps" / "build.done").read_text())
+    outputs = {Path(o["path"]).name: o for o in marker["outputs"]}
+    engine = work / "trt_engines" / "rank0.engine"
+    assert outputs["rank0.engine"]["size"] == engine.stat().st_size
+    assert outputs["rank0.engine"]["sha256"] == hashlib.sha256(engine.read_bytes()).hexdigest()
+    fetch = json.loads((work / "steps" / "fetch.done").read_text())
+    (model,) = fetch["outputs"]
+    assert model["files"]["llm/config.json"] > 0  # a directory: every file's size
+
+
+def test_a_work_dir_shared_by_two_architectures_never_reuses_the_engine(
+    builder: Builder,
+) -> None:
+    shared = builder.tmp / "shared-work"
+    crashed = builder.build(work_dir=shared, gpu_arch="sm_89", env_extra={"FAKE_FAIL": "trtexec"})
+    assert crashed.code == 1
+    builder.reset_calls()
+    assert builder.build(work_dir=shared, gpu_arch="sm_90").code == 0
+    # The converted checkpoint does not depend on the GPU; the engine does.
+    assert builder.tools_called() == ["trtllm-build", "trtexec", "trtexec"]
