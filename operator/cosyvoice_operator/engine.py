@@ -75,16 +75,29 @@ class EngineTarget:
 
 
 @dataclass(frozen=True)
+class RejectedProduct:
+    """A GPU product no engine is built for, and why (each is reported, none is guessed)."""
+
+    product: str
+    arch: str  # "" when the product is unknown
+    reason: str  # UnknownGPUProduct | PrecisionUnsupported
+    message: str
+
+
+@dataclass(frozen=True)
 class EnginePlan:
     targets: tuple[EngineTarget, ...]
-    # products with no known architecture (each is reported, none is guessed)
-    unknown_products: tuple[str, ...]
+    rejected: tuple[RejectedProduct, ...]
     # where the products came from: "spec" (spec.engine.gpuProducts) or "nodes"
     source: str
 
     @property
+    def unknown_products(self) -> tuple[str, ...]:
+        return tuple(r.product for r in self.rejected if r.reason == "UnknownGPUProduct")
+
+    @property
     def product_count(self) -> int:
-        return sum(len(t.products) for t in self.targets) + len(self.unknown_products)
+        return sum(len(t.products) for t in self.targets) + len(self.rejected)
 
 
 def eligible_products(spec: ServiceSpec, nodes: Iterable[gpus.GPUNode]) -> list[str]:
@@ -111,16 +124,35 @@ def plan(
     else:
         products, source = eligible_products(spec, nodes), "nodes"
     by_arch: dict[str, list[str]] = {}
-    unknown: list[str] = []
+    rejected: list[RejectedProduct] = []
+    precision = spec.engine.precision
     for product in products:
         try:
             arch = gpus.architecture(product)
-        except gpus.UnknownGPUProduct:
-            unknown.append(product)
+        except gpus.UnknownGPUProduct as exc:
+            rejected.append(RejectedProduct(product, "", "UnknownGPUProduct", str(exc)))
+            continue
+        why = gpus.precision_unsupported(precision, arch)
+        if why:
+            # Building would burn a GPU for an engine that fails at load (or at build).
+            where = (
+                "spec.engine.gpuProducts"
+                if source == "spec"
+                else "the serving pods' nodeSelector or affinity"
+            )
+            rejected.append(
+                RejectedProduct(
+                    product,
+                    arch,
+                    "PrecisionUnsupported",
+                    f"spec.engine.precision {why}: {product} is {arch}. Choose another "
+                    f"precision, or keep {product} out through {where}.",
+                )
+            )
             continue
         by_arch.setdefault(arch, []).append(product)
     targets = tuple(
         EngineTarget(identity(spec, arch, default_builder_image), tuple(prods))
         for arch, prods in sorted(by_arch.items())
     )
-    return EnginePlan(targets, tuple(unknown), source)
+    return EnginePlan(targets, tuple(rejected), source)

@@ -54,6 +54,11 @@ _FAMILY_ARCH: dict[str, str] = {
     "RTX-PRO-6000": "sm_120",
 }
 
+# The oldest architecture each precision runs on (TensorRT-LLM's support matrix): bfloat16
+# needs Ampere (sm_80) tensor cores, FP8 needs Ada (sm_89) or Hopper. float16 and the
+# weight-only modes run on every architecture of the table above.
+PRECISION_MIN_SM: dict[str, int] = {"bfloat16": 80, "fp8": 89}
+
 _PREFIXES = ("NVIDIA-", "Tesla-", "NVIDIA-Tesla-", "NVIDIA-GeForce-")
 
 
@@ -81,6 +86,20 @@ def architecture(product: str) -> str:
         if rest == family or re.match(re.escape(family) + r"(?:[-_ ]|$)", rest):
             return _FAMILY_ARCH[family]
     raise UnknownGPUProduct(product)
+
+
+def sm_number(arch: str) -> int:
+    """``sm_90a`` -> 90, ``sm_100`` -> 100."""
+    digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
+    return int(digits) if digits else 0
+
+
+def precision_unsupported(precision: str, arch: str) -> str | None:
+    """Why an engine of this precision cannot run on this architecture, or None if it can."""
+    needed = PRECISION_MIN_SM.get(precision)
+    if needed is None or sm_number(arch) >= needed:
+        return None
+    return f"{precision} needs sm_{needed} or newer"
 
 
 @dataclass(frozen=True)

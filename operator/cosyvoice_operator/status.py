@@ -15,7 +15,6 @@ from typing import Any
 from . import conditions
 from .buildjob import EngineState
 from .engine import EnginePlan
-from .gpus import UnknownGPUProduct
 
 
 @dataclass(frozen=True)
@@ -44,15 +43,15 @@ def engine_entries(plan: EnginePlan, states: Mapping[str, EngineState]) -> list[
             if st.next_retry is not None:
                 entry["nextRetryTime"] = conditions.timestamp(st.next_retry)
             entries.append(entry)
-    for product in plan.unknown_products:
+    for rejected in plan.rejected:
         entries.append(
             {
-                "gpuProduct": product,
-                "gpuArch": "",
+                "gpuProduct": rejected.product,
+                "gpuArch": rejected.arch,
                 "key": "",
                 "state": "Failed",
                 "job": "",
-                "message": str(UnknownGPUProduct(product)),
+                "message": rejected.message,
                 "attempts": 0,
             }
         )
@@ -111,10 +110,10 @@ def engine_status(
     assert plan is not None
     entries = engine_entries(plan, states)
     summary = engine_summary(entries)
-    unknown = plan.unknown_products
+    rejected = plan.rejected
     all_built = bool(plan.targets) and all(states[t.key].state == "Ready" for t in plan.targets)
     # A blocker only matters to engines still to be built.
-    blockers = [] if all_built and not unknown else list(blockers)
+    blockers = [] if all_built and not rejected else list(blockers)
     if blockers:
         cond = {
             "type": "EngineReady",
@@ -125,7 +124,7 @@ def engine_status(
         for e in entries:
             if e["state"] != "Ready":
                 e["message"] = cond["message"]
-    elif not plan.targets and not unknown:
+    elif not plan.targets and not rejected:
         cond = {
             "type": "EngineReady",
             "status": "False",
@@ -134,13 +133,13 @@ def engine_status(
             "tolerations and serving.gpusPerReplica (set spec.engine.gpuProducts to build "
             "ahead of the nodes)",
         }
-    elif unknown:
+    elif rejected:
         cond = {
             "type": "EngineReady",
             "status": "False",
-            "reason": "UnknownGPUProduct",
-            "message": str(UnknownGPUProduct(unknown[0]))
-            + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""),
+            "reason": rejected[0].reason,
+            "message": rejected[0].message
+            + (f" (and {len(rejected) - 1} more)" if len(rejected) > 1 else ""),
         }
     else:
         by_state: dict[str, list[str]] = {}

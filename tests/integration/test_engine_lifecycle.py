@@ -340,6 +340,12 @@ def _epoch(stamp: str) -> float:
         ),
         ("missing-claim", {"engine": {"cacheClaimName": "nope"}}, "CacheClaimMissing", "nope"),
         (
+            "fp8-on-ampere",
+            {"engine": {"precision": "fp8", "gpuProducts": ["NVIDIA-A100-SXM4-80GB"]}},
+            "PrecisionUnsupported",
+            "fp8 needs sm_89 or newer: NVIDIA-A100-SXM4-80GB is sm_80",
+        ),
+        (
             "no-nodes",
             {"serving": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"}}},
             "NoEligibleGPUNodes",

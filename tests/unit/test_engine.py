@@ -296,6 +296,49 @@ def test_plan_only_unknown_products_has_no_target() -> None:
     assert p.unknown_products == ("Tesla-T4",)
 
 
+@pytest.mark.parametrize(
+    ("products", "source_hint"),
+    [
+        (["NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3"], "spec.engine.gpuProducts"),
+        ([], "nodeSelector or affinity"),
+    ],
+)
+def test_plan_rejects_products_the_precision_cannot_run_on(
+    products: list[str], source_hint: str
+) -> None:
+    s = service(engine={"precision": "fp8", "gpuProducts": products})
+    nodes = _nodes(node("a", "NVIDIA-A100-SXM4-80GB"), node("h", "NVIDIA-H100-80GB-HBM3"))
+    p = engine.plan(s, nodes, DEFAULT_IMAGE)
+    assert _targets(p) == {"sm_90": {"NVIDIA-H100-80GB-HBM3"}}  # no build for sm_80
+    (rejected,) = p.rejected
+    assert (rejected.product, rejected.arch, rejected.reason) == (
+        "NVIDIA-A100-SXM4-80GB",
+        "sm_80",
+        "PrecisionUnsupported",
+    )
+    assert "fp8 needs sm_89 or newer" in rejected.message
+    assert source_hint in rejected.message
+    assert p.unknown_products == ()
+
+
+@pytest.mark.parametrize(
+    ("precision", "arch", "ok"),
+    [
+        ("fp8", "sm_89", True),
+        ("fp8", "sm_90", True),
+        ("fp8", "sm_100", True),
+        ("fp8", "sm_86", False),
+        ("fp8", "sm_80", False),
+        ("bfloat16", "sm_80", True),
+        ("bfloat16", "sm_75", False),
+        ("float16", "sm_75", True),
+        ("int4-weight-only", "sm_80", True),
+    ],
+)
+def test_precision_support_by_architecture(precision: str, arch: str, ok: bool) -> None:
+    assert (gpus.precision_unsupported(precision, arch) is None) is ok
+
+
 def test_plan_gpu_products_from_spec_win_over_nodes() -> None:
     s = service(engine={"gpuProducts": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H200", "NVIDIA-L4"]})
     p = engine.plan(s, _nodes(node("l", "NVIDIA-L20")), DEFAULT_IMAGE)

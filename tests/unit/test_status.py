@@ -10,7 +10,8 @@ import pytest
 
 from cosyvoice_operator import status
 from cosyvoice_operator.buildjob import EngineState
-from cosyvoice_operator.engine import EnginePlan, EngineTarget
+from cosyvoice_operator.engine import EnginePlan, EngineTarget, RejectedProduct
+from cosyvoice_operator.gpus import UnknownGPUProduct
 from cosyvoice_operator.status import Blocker
 
 from .objects import T0, identity
@@ -29,8 +30,16 @@ FAILED = EngineState(
 )
 
 
-def _plan(*targets: EngineTarget, unknown: Sequence[str] = (), source: str = "nodes") -> EnginePlan:
-    return EnginePlan(tuple(targets), tuple(unknown), source)
+def _plan(
+    *targets: EngineTarget,
+    unknown: Sequence[str] = (),
+    rejected: Sequence[RejectedProduct] = (),
+    source: str = "nodes",
+) -> EnginePlan:
+    unknowns = [
+        RejectedProduct(p, "", "UnknownGPUProduct", str(UnknownGPUProduct(p))) for p in unknown
+    ]
+    return EnginePlan(tuple(targets), (*unknowns, *rejected), source)
 
 
 def _status(
@@ -203,6 +212,19 @@ def test_unknown_products_beside_a_building_engine_keep_building() -> None:
     st = _status(_plan(SM90, unknown=["Tesla-T4"]), {SM90.key: BUILDING})
     assert st["phase"] == "BuildingEngine"
     assert _cond(st, "EngineReady")["reason"] == "UnknownGPUProduct"
+
+
+def test_a_product_the_precision_cannot_run_on_is_reported_with_its_arch() -> None:
+    a100 = RejectedProduct(
+        "NVIDIA-A100-SXM4-80GB", "sm_80", "PrecisionUnsupported", "fp8 needs sm_89 or newer"
+    )
+    st = _status(_plan(SM90, rejected=[a100]), {SM90.key: READY})
+    cond = _cond(st, "EngineReady")
+    assert (cond["status"], cond["reason"]) == ("False", "PrecisionUnsupported")
+    assert cond["message"] == "fp8 needs sm_89 or newer"
+    entry = next(e for e in st["engines"] if e["gpuProduct"] == "NVIDIA-A100-SXM4-80GB")
+    assert (entry["state"], entry["gpuArch"], entry["key"]) == ("Failed", "sm_80", "")
+    assert st["phase"] == "Failed"
 
 
 def test_no_eligible_gpu_nodes() -> None:
