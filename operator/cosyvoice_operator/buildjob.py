@@ -187,6 +187,10 @@ def render_job(
         container["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        # On the pod, not the Job: a Job's deadline also counts the time its pod waits for
+        # a GPU node, so an engine built ahead of the fleet (spec.engine.gpuProducts) or on
+        # a busy one would fail without having run. A pod's counts from when it starts.
+        "activeDeadlineSeconds": settings.active_deadline_seconds,
         "containers": [container],
         "volumes": volumes,
         "securityContext": {
@@ -241,7 +245,6 @@ def render_job(
         },
         "spec": {
             "backoffLimit": settings.backoff_limit,
-            "activeDeadlineSeconds": settings.active_deadline_seconds,
             "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
             "podFailurePolicy": {
                 "rules": [
@@ -341,6 +344,9 @@ class EngineState:
     next_attempt: int = 0
     next_retry: dt.datetime | None = None
     result: str = ""
+    # The EngineReady reason while this engine is not ready, when "Building" would mislead
+    # (the API server refused the build Job, say).
+    reason: str = ""
 
 
 def _attempt(job: Mapping[str, Any]) -> int:

@@ -58,15 +58,28 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
     ):
         raise ConfigError("COSYVOICE_BUILD_POD_ANNOTATIONS: expected a JSON object of strings")
     pull = tuple(s for s in env.get("COSYVOICE_IMAGE_PULL_SECRETS", "").split(",") if s)
+    resync = max(1.0, _float(env, "COSYVOICE_RESYNC_SECONDS", 10.0))
+    deadline = _int(env, "COSYVOICE_BUILD_DEADLINE_SECONDS", defaults.active_deadline_seconds)
+    if deadline < 1:
+        raise ConfigError(
+            f"COSYVOICE_BUILD_DEADLINE_SECONDS={env.get('COSYVOICE_BUILD_DEADLINE_SECONDS')!r}: "
+            "a build needs at least 1 second (the API rejects 0)"
+        )
+    ttl = _int(env, "COSYVOICE_BUILD_TTL_SECONDS", defaults.ttl_seconds_after_finished)
+    # A finished Job is recorded on the next resync; one deleted sooner is never recorded,
+    # and its engine would be built again and again.
+    min_ttl = max(60, math.ceil(3 * resync))
+    if ttl < min_ttl:
+        raise ConfigError(
+            f"COSYVOICE_BUILD_TTL_SECONDS={env.get('COSYVOICE_BUILD_TTL_SECONDS')!r}: must be at "
+            f"least {min_ttl} (60 s and 3 resync periods), or a finished build Job may be "
+            "deleted before the operator records its outcome"
+        )
     build = BuildSettings(
         default_builder_image=env.get("COSYVOICE_BUILDER_IMAGE") or defaults.default_builder_image,
         backoff_limit=_int(env, "COSYVOICE_BUILD_BACKOFF_LIMIT", defaults.backoff_limit),
-        active_deadline_seconds=_int(
-            env, "COSYVOICE_BUILD_DEADLINE_SECONDS", defaults.active_deadline_seconds
-        ),
-        ttl_seconds_after_finished=_int(
-            env, "COSYVOICE_BUILD_TTL_SECONDS", defaults.ttl_seconds_after_finished
-        ),
+        active_deadline_seconds=deadline,
+        ttl_seconds_after_finished=ttl,
         max_attempts=max(1, _int(env, "COSYVOICE_BUILD_MAX_ATTEMPTS", defaults.max_attempts)),
         retry_base_seconds=_float(
             env, "COSYVOICE_BUILD_RETRY_BASE_SECONDS", defaults.retry_base_seconds
@@ -77,6 +90,6 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
     )
     return OperatorConfig(
         build=build,
-        resync_seconds=max(1.0, _float(env, "COSYVOICE_RESYNC_SECONDS", 10.0)),
+        resync_seconds=resync,
         prometheus_url=env.get("COSYVOICE_PROMETHEUS_URL", ""),
     )

@@ -16,9 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from kubernetes.aio.client.exceptions import ApiException
 
 from . import buildjob, config, engine, gpus, status
-from .kube import Kube
+from .kube import Kube, api_error
 from .spec import ServiceSpec, SpecError, parse
 
 GROUP, VERSION, PLURAL = "tts.cosyvoice.dev", "v1alpha1", "cosyvoiceservices"
@@ -98,7 +99,7 @@ async def _engine_state(
     svc: ServiceSpec,
     namespace: str,
     body: Mapping[str, Any],
-    previous: Mapping[str, str],
+    previous: Mapping[str, Mapping[str, Any]],
     blockers: list[status.Blocker],
 ) -> buildjob.EngineState:
     """Assess one engine and carry out what the assessment asks for."""
@@ -123,8 +124,22 @@ async def _engine_state(
     st = buildjob.assess(ident, record, jobs, pods, now, settings)
     if st.action == "create":
         job = buildjob.render_job(target, svc, namespace, st.next_attempt, settings)
-        created = await kube.create_if_absent(job)
         name = job["metadata"]["name"]
+        try:
+            created = await kube.create_if_absent(job)
+        except ApiException as exc:
+            # A quota, an admission webhook or a field the API rejects: say so on the
+            # service (the operator's log is not where users look) and try again next pass.
+            message = (
+                f"the API server refused build Job {name}: {api_error(exc)}; "
+                "retried on every resync"
+            )
+            # One Event when it starts, not one per resync.
+            if (previous.get(ident.key) or {}).get("message") != message:
+                await kube.post_event(body, "Warning", "JobCreateFailed", message)
+            return buildjob.EngineState(
+                "Pending", message, attempts=st.next_attempt - 1, reason="JobCreateFailed"
+            )
         if created:
             await kube.post_event(
                 body,
@@ -152,7 +167,7 @@ async def _engine_state(
             state="Failed" if failed else "Ready",
         )
         await kube.create_if_absent(record_body)
-    if previous.get(ident.key) != st.state:
+    if (previous.get(ident.key) or {}).get("state") != st.state:
         if st.state == "Ready":
             await kube.post_event(
                 body,
@@ -184,7 +199,7 @@ async def reconcile(
     namespace = meta.get("namespace") or "default"
     generation = int(meta.get("generation") or 0)
     previous = dict(body.get("status") or {})
-    prev_states = {e.get("key", ""): e.get("state", "") for e in previous.get("engines") or []}
+    prev_entries = {e.get("key", ""): e for e in previous.get("engines") or []}
     now = dt.datetime.now(dt.UTC)
     try:
         svc = parse(body.get("spec") or {})
@@ -200,7 +215,7 @@ async def reconcile(
     states: dict[str, buildjob.EngineState] = {}
     for target in plan.targets:
         states[target.key] = await _engine_state(
-            kube, target, svc, namespace, body, prev_states, blockers
+            kube, target, svc, namespace, body, prev_entries, blockers
         )
     new = status.engine_status(
         plan, states, blockers, None, previous, generation, svc.replicas, now
@@ -246,15 +261,31 @@ async def resync_forever(kube: Kube, namespaces: tuple[str, ...], interval: floa
         except Exception:
             log.exception("resync: listing services failed; next try in %.0fs", interval)
             continue
-        for body in services:
-            meta = body.get("metadata") or {}
-            if meta.get("deletionTimestamp"):
-                continue
+        for listed in services:
+            listed_meta = listed.get("metadata") or {}
+            namespace, name = listed_meta.get("namespace", ""), listed_meta.get("name", "")
             try:
-                changes = await reconcile(kube, body, nodes)
-                if changes:
-                    await kube.patch_service_status(meta["namespace"], meta["name"], changes)
+                await resync_one(kube, namespace, name, nodes)
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("resync of %s/%s failed", meta.get("namespace"), meta.get("name"))
+                log.exception("resync of %s/%s failed", namespace, name)
+
+
+async def resync_one(kube: Kube, namespace: str, name: str, nodes: list[gpus.GPUNode]) -> None:
+    """Reconcile one service as it is now, and write its status only if it is still so.
+
+    The service is read afresh rather than taken from the pass's listing: a spec edited
+    while the pass went through other services must not get a build Job for its old
+    engine. The status patch carries the resourceVersion that was read, so a change made
+    meanwhile (an edit, kopf's own handler writing status) wins; the next pass redoes it.
+    """
+    body = await kube.get_service(namespace, name)
+    if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+        return
+    changes = await reconcile(kube, body, nodes)
+    if not changes:
+        return
+    version = str(body["metadata"].get("resourceVersion") or "")
+    if not await kube.patch_service_status(namespace, name, changes, version):
+        log.debug("%s/%s changed while it was reconciled; the next pass redoes it", namespace, name)

@@ -7,6 +7,7 @@ client model class.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import socket
 from collections.abc import Mapping
@@ -17,6 +18,15 @@ from kubernetes.aio.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
 COMPONENT = "cosyvoice-operator"
+
+
+def api_error(exc: ApiException) -> str:
+    """The API server's own words for a refused request (its Status message)."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return f"{exc.status} {exc.reason}: {message or exc.body or ''}".strip().rstrip(":")
 
 
 class Kube:
@@ -56,17 +66,34 @@ class Kube:
             items.extend(page.get("items") or [])
         return items
 
+    async def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found: Any = await self.custom.get_namespaced_custom_object(
+                "tts.cosyvoice.dev", "v1alpha1", namespace, "cosyvoiceservices", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(found)
+
     async def patch_service_status(
-        self, namespace: str, name: str, changes: dict[str, Any]
-    ) -> None:
-        await self.custom.patch_namespaced_custom_object_status(
-            "tts.cosyvoice.dev",
-            "v1alpha1",
-            namespace,
-            "cosyvoiceservices",
-            name,
-            {"status": changes},
-        )
+        self, namespace: str, name: str, changes: dict[str, Any], resource_version: str = ""
+    ) -> bool:
+        """Merge-patch the status; with `resource_version`, only if the object is still at
+        that version (False, and nothing written, if it changed meanwhile)."""
+        body: dict[str, Any] = {"status": changes}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            await self.custom.patch_namespaced_custom_object_status(
+                "tts.cosyvoice.dev", "v1alpha1", namespace, "cosyvoiceservices", name, body
+            )
+        except ApiException as exc:
+            if exc.status == 409 and resource_version:
+                return False
+            raise
+        return True
 
     async def post_event(
         self, regarding: Mapping[str, Any], kind: str, reason: str, message: str

@@ -110,10 +110,15 @@ def engine_status(
     assert plan is not None
     entries = engine_entries(plan, states)
     summary = engine_summary(entries)
-    rejected = plan.rejected
     all_built = bool(plan.targets) and all(states[t.key].state == "Ready" for t in plan.targets)
+    # Products asked for by name (spec.engine.gpuProducts) that get no engine make the
+    # engines not ready: the user asked for them. Products merely found on the cluster's
+    # nodes do not hold back the engines of the others (a new GPU type joining the
+    # cluster must not take every service down); they are listed, and the phase says
+    # Degraded.
+    rejected = plan.rejected if plan.source == "spec" or not plan.targets else ()
     # A blocker only matters to engines still to be built.
-    blockers = [] if all_built and not rejected else list(blockers)
+    blockers = [] if all_built else list(blockers)
     if blockers:
         cond = {
             "type": "EngineReady",
@@ -146,11 +151,14 @@ def engine_status(
         for t in plan.targets:
             by_state.setdefault(states[t.key].state, []).append(t.identity.gpu_arch)
         if set(by_state) == {"Ready"}:
+            message = f"engines ready for {', '.join(sorted(by_state['Ready']))}"
+            for left_out in plan.rejected:
+                message += f"; no engine for {left_out.product}: {left_out.message}"
             cond = {
                 "type": "EngineReady",
                 "status": "True",
                 "reason": "EnginesBuilt",
-                "message": f"engines ready for {', '.join(sorted(by_state['Ready']))}",
+                "message": message,
             }
         elif "Failed" in by_state:
             failed = [states[t.key] for t in plan.targets if states[t.key].state == "Failed"]
@@ -163,10 +171,15 @@ def engine_status(
             }
         else:
             pending = [s for s in by_state if s != "Ready"]
+            reasons = [
+                states[t.key].reason
+                for t in plan.targets
+                if states[t.key].state in pending and states[t.key].reason
+            ]
             cond = {
                 "type": "EngineReady",
                 "status": "False",
-                "reason": "Building",
+                "reason": reasons[0] if reasons else "Building",
                 "message": "; ".join(
                     states[t.key].message for t in plan.targets if states[t.key].state in pending
                 ),
@@ -176,12 +189,15 @@ def engine_status(
         any(e["state"] in ("Pending", "Building") for e in entries)
         or cond["reason"] == "BuildRetrying"
     ) and not blockers
+    any_failed = any(e["state"] == "Failed" for e in entries)
+    any_ready = any(e["state"] == "Ready" for e in entries)
     if engines_ready:
-        phase = "Deploying"
+        phase = "Degraded" if any_failed else "Deploying"
     elif building:
         phase = "BuildingEngine"
-    elif any(e["state"] == "Failed" for e in entries):
-        phase = "Failed"
+    elif any_failed:
+        # Some GPU products have an engine: the service can run there, on fewer products.
+        phase = "Degraded" if any_ready else "Failed"
     else:
         phase = "Pending"
     updates = [cond]

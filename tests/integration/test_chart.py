@@ -39,7 +39,7 @@ Rule = tuple[str, str, frozenset[str]]  # (apiGroup, resource, verbs)
 # and patches (never get/update/delete) and posts core/v1 Events; the operator gets a few objects
 # by name, lists, creates, and patches status.
 NAMESPACED_RULES: set[Rule] = {
-    ("tts.cosyvoice.dev", "cosyvoiceservices", frozenset({"list", "watch", "patch"})),
+    ("tts.cosyvoice.dev", "cosyvoiceservices", frozenset({"get", "list", "watch", "patch"})),
     ("tts.cosyvoice.dev", "cosyvoiceservices/status", frozenset({"patch"})),
     ("", "events", frozenset({"create"})),
     ("batch", "jobs", frozenset({"list", "create"})),
@@ -495,6 +495,7 @@ def can_i(cluster: Cluster, release: Release, *what: str) -> bool:
         ("watch", "cosyvoiceservices.tts.cosyvoice.dev", "-A", True),
         ("list", "cosyvoiceservices.tts.cosyvoice.dev", "-A", True),
         ("patch", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", True),
+        ("get", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", True),
         ("patch", "cosyvoiceservices.tts.cosyvoice.dev/status", "-n=default", True),
         ("create", "jobs.batch", "-n=default", True),
         ("list", "jobs.batch", "-n=default", True),
@@ -520,7 +521,6 @@ def can_i(cluster: Cluster, release: Release, *what: str) -> bool:
         ("watch", "pods", "-n=default", False),
         ("delete", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", False),
         ("update", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", False),
-        ("get", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", False),
         ("update", "cosyvoiceservices.tts.cosyvoice.dev/status", "-n=default", False),
         ("patch", "cosyvoiceservices.tts.cosyvoice.dev/scale", "-n=default", False),
         ("delete", "jobs.batch", "-n=default", False),

@@ -52,7 +52,7 @@ def test_nine_gpu_pod_stays_pending_as_unschedulable(cluster: Cluster) -> None:
     ns = cluster.namespace("sched")
     cluster.apply(ns, _pod("nine", 9))
     deadline = time.monotonic() + 30
-    reason = ""
+    reason = message = ""
     while time.monotonic() < deadline:
         pod = json.loads(cluster.kubectl("get", "pod", "nine", "-n", ns, "-o", "json").stdout)
         conds = {c["type"]: c for c in pod["status"].get("conditions", [])}

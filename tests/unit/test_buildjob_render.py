@@ -301,14 +301,16 @@ def test_job_policy_comes_from_settings() -> None:
     )
     job = _render(settings=settings)
     assert job["spec"]["backoffLimit"] == 5
-    assert job["spec"]["activeDeadlineSeconds"] == 1234
+    pod = job["spec"]["template"]["spec"]
+    assert pod["activeDeadlineSeconds"] == 1234
+    assert "activeDeadlineSeconds" not in job["spec"]  # waiting for a GPU node never counts
     assert job["spec"]["ttlSecondsAfterFinished"] == 99
 
 
 def test_default_job_policy() -> None:
     job = _render()
     assert job["spec"]["backoffLimit"] == 2
-    assert job["spec"]["activeDeadlineSeconds"] == 4 * 3600
+    assert job["spec"]["template"]["spec"]["activeDeadlineSeconds"] == 4 * 3600
     assert job["spec"]["ttlSecondsAfterFinished"] == 24 * 3600
 
 

@@ -116,6 +116,31 @@ def test_bad_value_raises_config_error_naming_the_variable(name: str, raw: str) 
     assert name in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("env", "name", "needle"),
+    [
+        ({"COSYVOICE_BUILD_DEADLINE_SECONDS": "0"}, "COSYVOICE_BUILD_DEADLINE_SECONDS", "1 second"),
+        ({"COSYVOICE_BUILD_TTL_SECONDS": "0"}, "COSYVOICE_BUILD_TTL_SECONDS", "at least 60"),
+        ({"COSYVOICE_BUILD_TTL_SECONDS": "59"}, "COSYVOICE_BUILD_TTL_SECONDS", "at least 60"),
+        (
+            {"COSYVOICE_BUILD_TTL_SECONDS": "100", "COSYVOICE_RESYNC_SECONDS": "40"},
+            "COSYVOICE_BUILD_TTL_SECONDS",
+            "at least 120",
+        ),
+    ],
+)
+def test_settings_that_would_lose_builds_are_refused(
+    env: dict[str, str], name: str, needle: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.load(env)
+    assert name in str(info.value) and needle in str(info.value)
+
+
+def test_shortest_accepted_ttl() -> None:
+    assert config.load({"COSYVOICE_BUILD_TTL_SECONDS": "60"}).build.ttl_seconds_after_finished == 60
+
+
 def test_config_error_is_a_value_error() -> None:
     assert issubclass(ConfigError, ValueError)
 

@@ -80,7 +80,7 @@ PHASE_CASES: list[tuple[str, EnginePlan, dict[str, EngineState], str, str, str, 
     ("only-failed", _plan(SM90), {SM90.key: FAILED},
      "Failed", "False", "BuildFailed", "Failed 1/1"),
     ("failed-and-ready", _plan(SM89, SM90), {SM89.key: READY, SM90.key: FAILED},
-     "Failed", "False", "BuildFailed", "Failed 1/2"),
+     "Degraded", "False", "BuildFailed", "Failed 1/2"),
     ("failed-while-another-builds", _plan(SM89, SM90), {SM89.key: BUILDING, SM90.key: FAILED},
      "BuildingEngine", "False", "BuildFailed", "Building 0/2"),
     ("failed-while-another-pending", _plan(SM89, SM90), {SM89.key: PENDING, SM90.key: FAILED},
@@ -195,12 +195,14 @@ def test_unknown_product_only() -> None:
     assert st["engineSummary"] == "Failed 1/1"
 
 
-def test_unknown_products_are_reported_beside_ready_engines() -> None:
-    st = _status(_plan(SM90, unknown=["Tesla-T4", "NVIDIA-X9"]), {SM90.key: READY})
+def test_unknown_products_named_in_the_spec_hold_the_engines_back() -> None:
+    plan = _plan(SM90, unknown=["Tesla-T4", "NVIDIA-X9"], source="spec")
+    st = _status(plan, {SM90.key: READY})
     cond = _cond(st, "EngineReady")
-    assert cond["reason"] == "UnknownGPUProduct"
+    assert (cond["status"], cond["reason"]) == ("False", "UnknownGPUProduct")
     assert "'Tesla-T4'" in cond["message"] and "(and 1 more)" in cond["message"]
-    assert st["phase"] == "Failed"
+    # The H100 engine is there: the service can run on part of what it asked for.
+    assert st["phase"] == "Degraded"
     assert {e["gpuProduct"] for e in st["engines"]} == {
         "Tesla-T4",
         "NVIDIA-X9",
@@ -208,23 +210,40 @@ def test_unknown_products_are_reported_beside_ready_engines() -> None:
     }
 
 
+def test_an_unknown_product_found_on_the_nodes_does_not_take_the_service_down() -> None:
+    # A new GPU type joining the cluster must not fail every service without a nodeSelector.
+    st = _status(_plan(SM90, unknown=["NVIDIA-X9"], source="nodes"), {SM90.key: READY})
+    cond = _cond(st, "EngineReady")
+    assert (cond["status"], cond["reason"]) == ("True", "EnginesBuilt")
+    assert cond["message"].startswith("engines ready for sm_90; no engine for NVIDIA-X9: ")
+    assert "'NVIDIA-X9'" in cond["message"]
+    assert st["phase"] == "Degraded"
+    entry = next(e for e in st["engines"] if e["gpuProduct"] == "NVIDIA-X9")
+    assert entry["state"] == "Failed"
+
+
 def test_unknown_products_beside_a_building_engine_keep_building() -> None:
-    st = _status(_plan(SM90, unknown=["Tesla-T4"]), {SM90.key: BUILDING})
-    assert st["phase"] == "BuildingEngine"
-    assert _cond(st, "EngineReady")["reason"] == "UnknownGPUProduct"
+    for source in ("spec", "nodes"):
+        st = _status(_plan(SM90, unknown=["Tesla-T4"], source=source), {SM90.key: BUILDING})
+        assert st["phase"] == "BuildingEngine"
+        expected = "UnknownGPUProduct" if source == "spec" else "Building"
+        assert _cond(st, "EngineReady")["reason"] == expected
 
 
 def test_a_product_the_precision_cannot_run_on_is_reported_with_its_arch() -> None:
     a100 = RejectedProduct(
         "NVIDIA-A100-SXM4-80GB", "sm_80", "PrecisionUnsupported", "fp8 needs sm_89 or newer"
     )
-    st = _status(_plan(SM90, rejected=[a100]), {SM90.key: READY})
+    st = _status(_plan(SM90, rejected=[a100], source="spec"), {SM90.key: READY})
     cond = _cond(st, "EngineReady")
     assert (cond["status"], cond["reason"]) == ("False", "PrecisionUnsupported")
     assert cond["message"] == "fp8 needs sm_89 or newer"
     entry = next(e for e in st["engines"] if e["gpuProduct"] == "NVIDIA-A100-SXM4-80GB")
     assert (entry["state"], entry["gpuArch"], entry["key"]) == ("Failed", "sm_80", "")
-    assert st["phase"] == "Failed"
+    assert st["phase"] == "Degraded"
+    only = _status(_plan(rejected=[a100], source="spec"))
+    assert only["phase"] == "Failed"
+    assert _cond(only, "EngineReady")["reason"] == "PrecisionUnsupported"
 
 
 def test_no_eligible_gpu_nodes() -> None:

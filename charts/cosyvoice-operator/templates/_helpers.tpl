@@ -62,10 +62,11 @@ no more: kopf lists, watches and merge-/JSON-patches, never gets, updates or del
 */}}
 {{- define "cosyvoice-operator.namespacedRules" -}}
 # The custom resource: kopf lists and watches it and patches its progress annotations; the
-# operator's resync loop lists it. No finalizer, so deletion never waits on the operator.
+# operator's resync loop lists it, then reads each one afresh before acting on it. No
+# finalizer, so deletion never waits on the operator.
 - apiGroups: ["tts.cosyvoice.dev"]
   resources: ["cosyvoiceservices"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 # Status goes through the status subresource (kopf's handler results, the resync loop).
 - apiGroups: ["tts.cosyvoice.dev"]
   resources: ["cosyvoiceservices/status"]

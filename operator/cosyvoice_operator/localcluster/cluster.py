@@ -123,6 +123,15 @@ def _free_port() -> int:
         return port
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def _alive(pid: int, binary: str) -> bool:
     """True when pid runs `binary` (a recycled pid of another program does not count)."""
     try:
@@ -157,8 +166,11 @@ def parse_gpu_nodes(specs: Iterable[str]) -> dict[str, int]:
                 f"--gpu-nodes {spec!r}: expected PRODUCT=COUNT, e.g. NVIDIA-L20=2 "
                 "(PRODUCT is the node label nvidia.com/gpu.product)"
             )
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", product):
-            raise ClusterError(f"--gpu-nodes {spec!r}: {product!r} is not a valid label value")
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?", product):
+            raise ClusterError(
+                f"--gpu-nodes {spec!r}: {product!r} is not a valid label value "
+                "(at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends)"
+            )
         nodes[product] = nodes.get(product, 0) + int(count)
     return nodes
 
@@ -257,9 +269,17 @@ class LocalCluster:
         for comp in COMPONENTS:
             state.ports.setdefault(comp, _free_port())
         state.ports.setdefault("etcd-peer", _free_port())
+        if not any(_alive(pid, comp) for comp, pid in state.pids.items()):
+            # Nothing of this cluster runs: a port another program took since the last
+            # `up` is replaced (the kubeconfig below follows), instead of failing the start.
+            for name, port in sorted(state.ports.items()):
+                if not _port_free(port):
+                    state.ports[name] = _free_port()
+                    self.log(f"port {port} ({name}) is in use now; {name} moves to another")
         state.save(self.paths.state)
         pki.ensure_pki(self.paths.pki, SERVICE_IP)
         self._write_kubeconfig(state.ports["kube-apiserver"])
+        spawned: list[str] = []
         try:
             for comp in COMPONENTS:
                 pid = state.pids.get(comp)
@@ -267,6 +287,7 @@ class LocalCluster:
                     continue
                 self.log(f"starting {comp} ...")
                 proc = self._spawn(comp, paths, state.ports)
+                spawned.append(comp)
                 state.pids[comp] = proc.pid
                 state.save(self.paths.state)
                 self._wait_ready(comp, proc, state.ports)
@@ -275,7 +296,13 @@ class LocalCluster:
             self._wait_nodes(gpu_nodes)
             self._wait_default_serviceaccount()
         except ClusterError:
-            self.down(quiet=True)
+            # Stop what this call started, nothing more: `up` on a running cluster that
+            # fails (say, on a node list it cannot apply) leaves that cluster running.
+            for comp in reversed(spawned):
+                pid = state.pids.pop(comp, None)
+                if pid:
+                    _stop(pid, comp)
+            state.save(self.paths.state)
             raise
         total = sum(gpu_nodes.values())
         self.log(
