@@ -29,7 +29,7 @@ GROUP = "tts.cosyvoice.dev"
 KEY_LABEL = f"{GROUP}/engine-key"
 CLAIM_LABEL = f"{GROUP}/cache-claim-hash"
 CLAIM_ANNOTATION = f"{GROUP}/cache-claim"
-DEFAULT_CACHE_CLAIM = "cosyvoice-engines"
+CLAIM_UID_ANNOTATION = f"{GROUP}/cache-claim-uid"
 ARCH_LABEL = f"{GROUP}/gpu-arch"
 ATTEMPT_LABEL = f"{GROUP}/attempt"
 MODEL_URI_ANNOTATION = f"{GROUP}/model-uri"
@@ -66,27 +66,39 @@ class BuildSettings:
     image_pull_secrets: tuple[str, ...] = ()
 
 
-def claim_hash(cache_claim: str) -> str:
-    """A short, label-safe tag of the cache claim (claim names may be longer than a label)."""
-    return hashlib.sha256(cache_claim.encode()).hexdigest()[:6]
+@dataclass(frozen=True)
+class Cache:
+    """The engine cache: a PersistentVolumeClaim, by name and by uid.
+
+    The uid tells one claim from another of the same name: a claim deleted and created
+    again is empty, and what was recorded as built in the old one must not count.
+    """
+
+    claim: str
+    uid: str
+
+    @property
+    def tag(self) -> str:
+        """A short, label-safe tag of this claim (claim names may be longer than a label)."""
+        return hashlib.sha256(f"{self.claim}/{self.uid}".encode()).hexdigest()[:6]
 
 
-def base_name(identity: EngineIdentity, cache_claim: str = DEFAULT_CACHE_CLAIM) -> str:
+def base_name(identity: EngineIdentity, cache: Cache) -> str:
     """The engine's name in one cache: the same key in another claim is another build."""
-    return f"cvs-engine-{identity.short_name}-{claim_hash(cache_claim)}"
+    return f"cvs-engine-{identity.short_name}-{cache.tag}"
 
 
-def job_name(identity: EngineIdentity, attempt: int, cache_claim: str = DEFAULT_CACHE_CLAIM) -> str:
-    return f"{base_name(identity, cache_claim)}-a{attempt}"
+def job_name(identity: EngineIdentity, attempt: int, cache: Cache) -> str:
+    return f"{base_name(identity, cache)}-a{attempt}"
 
 
-def record_name(identity: EngineIdentity, cache_claim: str = DEFAULT_CACHE_CLAIM) -> str:
-    return base_name(identity, cache_claim)
+def record_name(identity: EngineIdentity, cache: Cache) -> str:
+    return base_name(identity, cache)
 
 
-def selector(identity: EngineIdentity, cache_claim: str) -> str:
+def selector(identity: EngineIdentity, cache: Cache) -> str:
     """Label selector of the build Jobs of one engine in one cache."""
-    return f"{KEY_LABEL}={identity.key},{CLAIM_LABEL}={claim_hash(cache_claim)}"
+    return f"{KEY_LABEL}={identity.key},{CLAIM_LABEL}={cache.tag}"
 
 
 def builder_args(identity: EngineIdentity) -> list[str]:
@@ -124,15 +136,20 @@ def render_job(
     namespace: str,
     attempt: int,
     settings: BuildSettings,
+    cache: Cache,
 ) -> dict[str, Any]:
-    """The build Job of one engine attempt."""
+    """The build Job of one engine attempt, into the service's cache claim."""
     ident = target.identity
-    claim_name = spec.engine.cache_claim_name
+    claim_name = cache.claim
+    if claim_name != spec.engine.cache_claim_name:
+        raise ValueError(
+            f"cache {claim_name!r} is not the service's {spec.engine.cache_claim_name!r}"
+        )
     labels = {
         **COMPONENT_LABELS,
         KEY_LABEL: ident.key,
         ARCH_LABEL: ident.gpu_arch,
-        CLAIM_LABEL: claim_hash(claim_name),
+        CLAIM_LABEL: cache.tag,
         ATTEMPT_LABEL: str(attempt),
     }
     volumes: list[dict[str, Any]] = [
@@ -233,7 +250,7 @@ def render_job(
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": job_name(ident, attempt, claim_name),
+            "name": job_name(ident, attempt, cache),
             "namespace": namespace,
             "labels": labels,
             "annotations": {
@@ -241,6 +258,7 @@ def render_job(
                 IDENTITY_ANNOTATION: json.dumps(_identity_dict(ident), sort_keys=True),
                 f"{GROUP}/gpu-products": ",".join(sorted(target.products)),
                 CLAIM_ANNOTATION: claim_name,
+                CLAIM_UID_ANNOTATION: cache.uid,
             },
         },
         "spec": {
@@ -297,7 +315,7 @@ def render_record(
     job: str,
     result: str,
     now: dt.datetime,
-    cache_claim: str = DEFAULT_CACHE_CLAIM,
+    cache: Cache,
     state: str = "Ready",
 ) -> dict[str, Any]:
     """The ConfigMap that records an engine's outcome, built or given up (it outlives Jobs)."""
@@ -305,15 +323,15 @@ def render_record(
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": record_name(identity, cache_claim),
+            "name": record_name(identity, cache),
             "namespace": namespace,
             "labels": {
                 **COMPONENT_LABELS,
                 KEY_LABEL: identity.key,
                 ARCH_LABEL: identity.gpu_arch,
-                CLAIM_LABEL: claim_hash(cache_claim),
+                CLAIM_LABEL: cache.tag,
             },
-            "annotations": {CLAIM_ANNOTATION: cache_claim},
+            "annotations": {CLAIM_ANNOTATION: cache.claim, CLAIM_UID_ANNOTATION: cache.uid},
         },
         "data": {
             "state": state,

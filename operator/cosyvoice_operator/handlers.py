@@ -61,11 +61,15 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await kube.close()
 
 
-async def _blockers(kube: Kube, spec: ServiceSpec, namespace: str) -> list[status.Blocker]:
-    """What keeps any build from starting; checked before a Job is made, so none storms."""
+async def _blockers(
+    kube: Kube, spec: ServiceSpec, namespace: str
+) -> tuple[list[status.Blocker], buildjob.Cache | None]:
+    """What keeps any build from starting (checked before a Job is made, so none storms),
+    and the engine cache claim when it exists."""
     found: list[status.Blocker] = []
     claim = spec.engine.cache_claim_name
-    if not await kube.exists("PersistentVolumeClaim", namespace, claim):
+    uid = await kube.claim_uid(namespace, claim)
+    if uid is None:
         found.append(
             status.Blocker(
                 "CacheClaimMissing",
@@ -90,7 +94,7 @@ async def _blockers(kube: Kube, spec: ServiceSpec, namespace: str) -> list[statu
                 f"Secret {namespace}/{secret} (spec.model.credentialsSecret) does not exist",
             )
         )
-    return found
+    return found, (buildjob.Cache(claim, uid) if uid is not None else None)
 
 
 async def _engine_state(
@@ -101,20 +105,20 @@ async def _engine_state(
     body: Mapping[str, Any],
     previous: Mapping[str, Mapping[str, Any]],
     blockers: list[status.Blocker],
+    cache: buildjob.Cache | None,
 ) -> buildjob.EngineState:
     """Assess one engine and carry out what the assessment asks for."""
     ident = target.identity
     settings = CONFIG.build
-    claim = svc.engine.cache_claim_name
-    if any(b.reason == "CacheClaimMissing" for b in blockers):
+    if cache is None:  # CacheClaimMissing
         return buildjob.EngineState("Pending", blockers[0].message)
-    record = await kube.get_config_map(namespace, buildjob.record_name(ident, claim))
+    record = await kube.get_config_map(namespace, buildjob.record_name(ident, cache))
     if record is None and blockers:
         # A built engine stays usable when, say, the download credentials go away; only a
         # build that has yet to happen is blocked.
         return buildjob.EngineState("Pending", blockers[0].message)
     jobs = (
-        await kube.list_jobs(namespace, buildjob.selector(ident, claim)) if record is None else []
+        await kube.list_jobs(namespace, buildjob.selector(ident, cache)) if record is None else []
     )
     latest = buildjob.latest_job(jobs)
     pods: list[dict[str, Any]] = []
@@ -123,7 +127,7 @@ async def _engine_state(
     now = dt.datetime.now(dt.UTC)
     st = buildjob.assess(ident, record, jobs, pods, now, settings)
     if st.action == "create":
-        job = buildjob.render_job(target, svc, namespace, st.next_attempt, settings)
+        job = buildjob.render_job(target, svc, namespace, st.next_attempt, settings, cache)
         name = job["metadata"]["name"]
         try:
             created = await kube.create_if_absent(job)
@@ -163,7 +167,7 @@ async def _engine_state(
             st.job,
             st.message if failed else st.result,
             now,
-            cache_claim=claim,
+            cache,
             state="Failed" if failed else "Ready",
         )
         await kube.create_if_absent(record_body)
@@ -211,11 +215,11 @@ async def reconcile(
     elif nodes is None:
         nodes = await gpu_nodes(kube)
     plan = engine.plan(svc, nodes, CONFIG.build.default_builder_image)
-    blockers = await _blockers(kube, svc, namespace)
+    blockers, cache = await _blockers(kube, svc, namespace)
     states: dict[str, buildjob.EngineState] = {}
     for target in plan.targets:
         states[target.key] = await _engine_state(
-            kube, target, svc, namespace, body, prev_entries, blockers
+            kube, target, svc, namespace, body, prev_entries, blockers, cache
         )
     new = status.engine_status(
         plan, states, blockers, None, previous, generation, svc.replicas, now

@@ -153,6 +153,16 @@ class Kube:
             raise
         return dict(self._plain(result))
 
+    async def claim_uid(self, namespace: str, name: str) -> str | None:
+        """The uid of a PersistentVolumeClaim, or None when there is none of that name."""
+        try:
+            claim = await self.core.read_namespaced_persistent_volume_claim(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return str(self._plain(claim)["metadata"]["uid"])
+
     async def exists(self, kind: str, namespace: str, name: str) -> bool:
         readers = {
             "PersistentVolumeClaim": self.core.read_namespaced_persistent_volume_claim,

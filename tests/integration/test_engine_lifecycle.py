@@ -482,3 +482,30 @@ def test_a_job_the_api_server_refuses_is_reported_on_the_service(
     )
     wait_engine_ready(cluster, ns, "refused")
     assert len(jobs(cluster, ns)) == 1
+
+
+def test_a_cache_claim_deleted_and_created_again_is_built_into_anew(
+    cluster: Cluster, ns: str, operator: OperatorProcess
+) -> None:
+    # The new claim of the same name is empty: the engine recorded in the old one must
+    # not count as built, or serving would find no files.
+    cluster.apply(ns, service("recreated", serving={"nodeSelector": L20}))
+    first = wait_engine_ready(cluster, ns, "recreated")
+    [old_job] = jobs(cluster, ns)
+    cluster.kubectl("delete", "pvc", "cosyvoice-engines", "-n", ns, "--timeout=60s")
+    wait_for(
+        "CacheClaimMissing",
+        lambda: (
+            condition(cvs(cluster, ns, "recreated"), "EngineReady").get("reason")
+            == "CacheClaimMissing"
+        ),
+    )
+    cluster.apply(ns, cache_claim())
+    second = wait_engine_ready(cluster, ns, "recreated")
+    assert second["status"]["engines"][0]["key"] == first["status"]["engines"][0]["key"]
+    new_jobs = [j for j in jobs(cluster, ns) if j["metadata"]["uid"] != old_job["metadata"]["uid"]]
+    assert len(new_jobs) == 1  # one new build, into the new claim
+    claim_uid = get_json(cluster, "pvc", "cosyvoice-engines", "-n", ns)["metadata"]["uid"]
+    annotations = new_jobs[0]["metadata"]["annotations"]
+    assert annotations["tts.cosyvoice.dev/cache-claim-uid"] == claim_uid
+    assert new_jobs[0]["metadata"]["name"] != old_job["metadata"]["name"]

@@ -17,6 +17,8 @@ MINIMAL_SPEC: dict[str, Any] = {
     "model": {"variant": "cosyvoice3", "uri": "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512"},
 }
 
+# The engine cache claim of the tests, as the operator reads it (name and uid).
+CACHE = buildjob.Cache("cosyvoice-engines", "0b7e51a0-claim-uid")
 T0 = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
 
 
@@ -132,7 +134,7 @@ def job(
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": buildjob.job_name(ident, attempt),
+            "name": buildjob.job_name(ident, attempt, CACHE),
             "labels": {
                 buildjob.KEY_LABEL: ident.key,
                 buildjob.ARCH_LABEL: ident.gpu_arch,
@@ -182,4 +184,4 @@ def pod(
 
 
 def record(ident: engine.EngineIdentity, job_name: str, built_at: dt.datetime) -> dict[str, Any]:
-    return buildjob.render_record(ident, "ml", job_name, "", built_at)
+    return buildjob.render_record(ident, "ml", job_name, "", built_at, CACHE)

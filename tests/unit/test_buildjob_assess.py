@@ -13,7 +13,7 @@ import pytest
 from cosyvoice_operator import buildjob
 from cosyvoice_operator.buildjob import BuildSettings, EngineState, assess
 
-from .objects import T0, identity, job, pod, record
+from .objects import CACHE, T0, identity, job, pod, record
 
 IDENT = identity(gpu_arch="sm_90")
 SETTINGS = BuildSettings(max_attempts=3, retry_base_seconds=60.0)
@@ -21,7 +21,7 @@ MINUTE = dt.timedelta(minutes=1)
 
 
 def _name(attempt: int) -> str:
-    return buildjob.job_name(IDENT, attempt)
+    return buildjob.job_name(IDENT, attempt, CACHE)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from cosyvoice_operator import buildjob, engine, gpus, spec
 from cosyvoice_operator.buildjob import BuildSettings, render_job, render_record
 from cosyvoice_operator.engine import EngineTarget
 
-from .objects import identity, node, service
+from .objects import CACHE, identity, node, service
 
 GOLDEN = Path(__file__).parent / "golden"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -58,7 +58,7 @@ def _golden_case() -> tuple[EngineTarget, spec.ServiceSpec]:
 
 def test_build_job_golden() -> None:
     target, svc = _golden_case()
-    _assert_golden("build-job.yaml", render_job(target, svc, "ml", 1, BuildSettings()))
+    _assert_golden("build-job.yaml", render_job(target, svc, "ml", 1, BuildSettings(), CACHE))
 
 
 def _render(
@@ -72,7 +72,8 @@ def _render(
     svc = svc or service()
     settings = settings or BuildSettings()
     ident = engine.identity(svc, arch, settings.default_builder_image)
-    return render_job(EngineTarget(ident, products), svc, "ml", attempt, settings)
+    cache = buildjob.Cache(svc.engine.cache_claim_name, CACHE.uid)
+    return render_job(EngineTarget(ident, products), svc, "ml", attempt, settings, cache)
 
 
 def _container(job: dict[str, Any]) -> dict[str, Any]:
@@ -96,10 +97,9 @@ def test_job_name_is_derived_from_key_and_attempt(arch: str, attempt: int) -> No
     ident = engine.identity(svc, arch, BuildSettings().default_builder_image)
     job = _render(svc, arch=arch, attempt=attempt)
     name = job["metadata"]["name"]
-    claim_tag = buildjob.claim_hash("cosyvoice-engines")
-    assert name == f"cvs-engine-{arch.replace('_', '')}-{ident.key[:20]}-{claim_tag}-a{attempt}"
-    assert name == buildjob.job_name(ident, attempt)
-    assert name.startswith(buildjob.base_name(ident))
+    assert name == f"cvs-engine-{arch.replace('_', '')}-{ident.key[:20]}-{CACHE.tag}-a{attempt}"
+    assert name == buildjob.job_name(ident, attempt, CACHE)
+    assert name.startswith(buildjob.base_name(ident, CACHE))
     assert len(name) <= 63 and DNS_LABEL.match(name)  # a Job name must be a DNS-1123 label
     assert job["metadata"]["namespace"] == "ml"
     assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
@@ -440,7 +440,7 @@ def test_build_pod_can_land_on_the_nodes_the_service_was_planned_for() -> None:
     assert n is not None
     p = engine.plan(svc, [n], BuildSettings().default_builder_image)
     (target,) = p.targets  # the service may run on the tainted L20 node
-    job = render_job(target, svc, "ml", 1, BuildSettings())
+    job = render_job(target, svc, "ml", 1, BuildSettings(), CACHE)
     pod_spec = _pod_spec(job)
     assert gpus.eligible(n, {}, pod_spec["tolerations"], pod_spec["affinity"], 1)
 
@@ -467,9 +467,15 @@ def test_services_with_different_cache_claims_do_not_share_a_build() -> None:
 def test_record_marks_an_engine_as_built() -> None:
     ident = identity(gpu_arch="sm_90")
     built = dt.datetime(2025, 3, 1, 20, 30, 5, tzinfo=dt.timezone(dt.timedelta(hours=8)))
-    rec = render_record(ident, "ml", buildjob.job_name(ident, 2), "step publish: done", built)
+    job = buildjob.job_name(ident, 2, CACHE)
+    rec = render_record(ident, "ml", job, "step publish: done", built, CACHE)
     assert (rec["apiVersion"], rec["kind"]) == ("v1", "ConfigMap")
-    assert rec["metadata"]["name"] == buildjob.base_name(ident) == buildjob.record_name(ident)
+    assert rec["metadata"]["name"] == buildjob.base_name(ident, CACHE)
+    assert rec["metadata"]["name"] == buildjob.record_name(ident, CACHE)
+    assert rec["metadata"]["annotations"] == {
+        "tts.cosyvoice.dev/cache-claim": "cosyvoice-engines",
+        "tts.cosyvoice.dev/cache-claim-uid": CACHE.uid,
+    }
     assert rec["metadata"]["namespace"] == "ml"
     assert "ownerReferences" not in rec["metadata"]
     labels = rec["metadata"]["labels"]
@@ -479,7 +485,7 @@ def test_record_marks_an_engine_as_built() -> None:
     data = rec["data"]
     assert data["key"] == ident.key
     assert data["engineDir"] == f"/engines/{ident.key}"
-    assert data["job"] == buildjob.job_name(ident, 2)
+    assert data["job"] == job
     assert data["builtAt"] == "2025-03-01T12:30:05Z"  # converted to UTC
     assert data["result"] == "step publish: done"
     assert json.loads(data["identity"])["gpuArch"] == "sm_90"
@@ -488,10 +494,28 @@ def test_record_marks_an_engine_as_built() -> None:
 
 
 def test_record_result_is_capped() -> None:
-    rec = render_record(identity(), "ml", "j", "x" * 10_000, dt.datetime(2025, 1, 1, tzinfo=dt.UTC))
+    when = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
+    rec = render_record(identity(), "ml", "j", "x" * 10_000, when, CACHE)
     assert len(rec["data"]["result"]) == buildjob.TERMINATION_MESSAGE_LIMIT
 
 
 def test_record_name_is_the_job_name_without_attempt() -> None:
     ident = identity()
-    assert buildjob.job_name(ident, 1) == f"{buildjob.record_name(ident)}-a1"
+    assert buildjob.job_name(ident, 1, CACHE) == f"{buildjob.record_name(ident, CACHE)}-a1"
+
+
+def test_a_claim_made_again_under_the_same_name_is_another_cache() -> None:
+    # Deleted and created again, a claim is empty: what the old one held must not count.
+    ident = identity()
+    again = buildjob.Cache(CACHE.claim, "another-uid")
+    assert buildjob.record_name(ident, again) != buildjob.record_name(ident, CACHE)
+    assert buildjob.job_name(ident, 1, again) != buildjob.job_name(ident, 1, CACHE)
+    assert buildjob.selector(ident, again) != buildjob.selector(ident, CACHE)
+
+
+def test_rendering_into_another_claim_than_the_services_is_refused() -> None:
+    svc = service()
+    ident = engine.identity(svc, "sm_89", BuildSettings().default_builder_image)
+    other = buildjob.Cache("other-claim", CACHE.uid)
+    with pytest.raises(ValueError, match="other-claim"):
+        render_job(EngineTarget(ident, ("NVIDIA-L20",)), svc, "ml", 1, BuildSettings(), other)

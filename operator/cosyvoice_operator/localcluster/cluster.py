@@ -53,6 +53,9 @@ CONTROLLERS = [
     "ttl-after-finished-controller",
     "serviceaccount-controller",
     "persistentvolume-binder-controller",
+    # The API server puts kubernetes.io/pvc-protection on every claim; without the
+    # controller that lifts it, a deleted claim would never go.
+    "persistentvolumeclaim-protection-controller",
     "disruption-controller",
     "endpointslice-controller",
 ]
