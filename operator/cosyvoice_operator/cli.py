@@ -30,12 +30,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"error: bad operator setting: {exc}", file=sys.stderr)
         return 2
 
+    from .peering import random_priority
+
     namespaces = args.namespace or []
     handlers.SERVED_NAMESPACES = tuple(namespaces)
+    priority = None
+    if args.peering is not None:
+        # Replicas of one Deployment share their arguments; equal priorities would make
+        # kopf pause them all. A random one per process makes the highest the active one.
+        priority = args.priority if args.priority is not None else random_priority()
+        handlers.PEERING = (args.peering, priority)
+        print(f"peering {args.peering!r} with priority {priority}", file=sys.stderr)
     kopf.configure(verbose=args.verbose)
     kopf.run(
         standalone=args.peering is None,
         peering_name=args.peering,
+        priority=priority,
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=args.liveness,
@@ -169,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="namespace to serve (repeatable); all namespaces when none is given",
     )
     run.add_argument("--peering", help="kopf peering name, for more than one operator replica")
+    run.add_argument(
+        "--priority",
+        type=int,
+        help="peering priority (the highest live one is active); default: random per process",
+    )
     run.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     run.add_argument("--verbose", action="store_true")
     run.set_defaults(func=_cmd_run)

@@ -41,6 +41,9 @@ class OperatorConfig:
     # How often every service is re-examined (engine Jobs progress without touching the service).
     resync_seconds: float = 10.0
     prometheus_url: str = ""
+    # With kopf peering: how long a replica that stopped touching the peering object is
+    # still taken for alive (kopf's lifetime); a standby takes over after it.
+    peering_lifetime_seconds: int = 60
 
 
 def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -59,6 +62,14 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
         raise ConfigError("COSYVOICE_BUILD_POD_ANNOTATIONS: expected a JSON object of strings")
     pull = tuple(s for s in env.get("COSYVOICE_IMAGE_PULL_SECRETS", "").split(",") if s)
     resync = max(1.0, _float(env, "COSYVOICE_RESYNC_SECONDS", 10.0))
+    lifetime = _int(env, "COSYVOICE_PEERING_LIFETIME_SECONDS", 60)
+    if lifetime < 10:
+        # kopf renews its entry 5 to 10 s before it lapses: a shorter lifetime would let
+        # the active replica lapse between renewals and two replicas act at once.
+        raise ConfigError(
+            f"COSYVOICE_PEERING_LIFETIME_SECONDS={env.get('COSYVOICE_PEERING_LIFETIME_SECONDS')!r}"
+            ": must be at least 10"
+        )
     deadline = _int(env, "COSYVOICE_BUILD_DEADLINE_SECONDS", defaults.active_deadline_seconds)
     if deadline < 1:
         raise ConfigError(
@@ -92,4 +103,5 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
         build=build,
         resync_seconds=resync,
         prometheus_url=env.get("COSYVOICE_PROMETHEUS_URL", ""),
+        peering_lifetime_seconds=lifetime,
     )

@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 from kubernetes.aio.client.exceptions import ApiException
 
-from . import buildjob, config, engine, gpus, status
+from . import buildjob, config, engine, gpus, peering, status
 from .kube import Kube, api_error
 from .spec import ServiceSpec, SpecError, parse
 
@@ -28,6 +28,8 @@ CONFIG = config.load()
 
 # The namespaces the operator serves (empty: all); set by `cosyvoice-operator run`.
 SERVED_NAMESPACES: tuple[str, ...] = ()
+# kopf peering (name, this process's priority), or None when the operator runs standalone.
+PEERING: tuple[str, int] | None = None
 log = logging.getLogger(__name__)
 
 
@@ -43,9 +45,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # kopf posts an Event per handler run at INFO; the operator posts its own meaningful ones.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    settings.peering.lifetime = CONFIG.peering_lifetime_seconds
     memo.kube = await Kube.connect()
     memo.resync = asyncio.create_task(
-        resync_forever(memo.kube, SERVED_NAMESPACES, CONFIG.resync_seconds)
+        resync_forever(memo.kube, SERVED_NAMESPACES, CONFIG.resync_seconds, PEERING)
     )
 
 
@@ -246,7 +249,12 @@ async def on_change(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: An
     patch.status.update(await reconcile(memo.kube, body))
 
 
-async def resync_forever(kube: Kube, namespaces: tuple[str, ...], interval: float) -> None:
+async def resync_forever(
+    kube: Kube,
+    namespaces: tuple[str, ...],
+    interval: float,
+    peering_of: tuple[str, int] | None = None,
+) -> None:
     """Re-examine every service on a period: build Jobs finish, back-offs expire and GPU
     nodes come and go without the service itself changing.
 
@@ -255,9 +263,29 @@ async def resync_forever(kube: Kube, namespaces: tuple[str, ...], interval: floa
     running (uninstalled first, say). Nothing here needs to run at deletion: engines are
     shared and outlive services.
     """
+    standing_by: peering.Peer | None = None
     while True:
         await asyncio.sleep(interval)
         try:
+            if peering_of is not None:
+                # kopf pauses its handlers on a standby replica, but not this loop.
+                name, priority = peering_of
+                statuses = await kube.peering_statuses(name, namespaces)
+                now = dt.datetime.now(dt.UTC)
+                outranked = peering.outranked_by(statuses, priority, now)
+                if (outranked is None) != (standing_by is None):
+                    if outranked is not None:
+                        log.info(
+                            "resync paused: peer %s has priority %d (this operator: %d)",
+                            outranked.identity,
+                            outranked.priority,
+                            priority,
+                        )
+                    else:
+                        log.info("resync active: no live peer outranks priority %d", priority)
+                standing_by = outranked
+                if outranked is not None:
+                    continue
             services = await kube.list_services(namespaces)
             nodes = await gpu_nodes(kube)
         except asyncio.CancelledError:

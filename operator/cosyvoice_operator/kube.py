@@ -77,6 +77,28 @@ class Kube:
             raise
         return dict(found)
 
+    async def peering_statuses(
+        self, name: str, namespaces: tuple[str, ...]
+    ) -> list[dict[str, Any]]:
+        """The status of kopf's peering object `name`: the cluster-wide one when no namespace
+        is served, else the one in each served namespace (those that exist)."""
+        group, version = "kopf.dev", "v1"
+        pages: list[Any] = []
+        if not namespaces:
+            pages.append(
+                await self.custom.list_cluster_custom_object(group, version, "clusterkopfpeerings")
+            )
+        for ns in namespaces:
+            pages.append(
+                await self.custom.list_namespaced_custom_object(group, version, ns, "kopfpeerings")
+            )
+        return [
+            dict(item.get("status") or {})
+            for page in pages
+            for item in page.get("items") or []
+            if (item.get("metadata") or {}).get("name") == name
+        ]
+
     async def patch_service_status(
         self, namespace: str, name: str, changes: dict[str, Any], resource_version: str = ""
     ) -> bool:

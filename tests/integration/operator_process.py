@@ -27,9 +27,17 @@ FAST_SETTINGS = {
 class OperatorProcess:
     """``cosyvoice-operator run -n NS`` in a subprocess, with its log kept for failures."""
 
-    def __init__(self, cluster: Cluster, namespace: str, log_dir: Path, **env: str) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespace: str,
+        log_dir: Path,
+        *args: str,
+        **env: str,
+    ) -> None:
         self.cluster = cluster
         self.namespace = namespace
+        self.args = args
         self.env = {**cluster.env, **FAST_SETTINGS, **env}
         self.log_path = log_dir / f"operator-{namespace}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -37,7 +45,7 @@ class OperatorProcess:
     def start(self) -> OperatorProcess:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cosyvoice_operator", "run", "-n", self.namespace],
+            [sys.executable, "-m", "cosyvoice_operator", "run", "-n", self.namespace, *self.args],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -58,11 +66,12 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def log(self) -> str:
+    def log(self, whole: bool = False) -> str:
         try:
-            return self.log_path.read_text(errors="replace")[-4000:]
+            text = self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+        return text if whole else text[-4000:]
 
 
 def wait_for(

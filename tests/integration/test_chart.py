@@ -257,6 +257,7 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
                 "buildPodAnnotations": {"example.com/team": "tts"},
                 "imagePullSecrets": ["regcred", "other"],
                 "resyncSeconds": 5,
+                "peeringLifetimeSeconds": 20,
                 "prometheusUrl": "http://prometheus:9090",
             }
         ),
@@ -275,6 +276,7 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
         "COSYVOICE_BUILD_POD_ANNOTATIONS": '{"example.com/team":"tts"}',
         "COSYVOICE_IMAGE_PULL_SECRETS": "regcred,other",
         "COSYVOICE_RESYNC_SECONDS": "5",
+        "COSYVOICE_PEERING_LIFETIME_SECONDS": "20",
         "COSYVOICE_PROMETHEUS_URL": "http://prometheus:9090",
     }
     # And the operator accepts them as they are.
@@ -284,6 +286,7 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
     assert loaded.build.backoff_limit == 0 and loaded.build.active_deadline_seconds == 1000000
     assert loaded.build.pod_annotations == {"example.com/team": "tts"}
     assert loaded.build.image_pull_secrets == ("regcred", "other")
+    assert loaded.peering_lifetime_seconds == 20
     [deployment] = of_kind(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"role": "ops"}

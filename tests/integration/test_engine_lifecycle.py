@@ -22,6 +22,7 @@ from tests.integration.operator_process import (
 )
 
 KEY_LABEL = "tts.cosyvoice.dev/engine-key"
+MANIFESTS = Path(__file__).parent / "manifests"
 L20 = {"nvidia.com/gpu.product": "NVIDIA-L20"}
 
 
@@ -509,3 +510,60 @@ def test_a_cache_claim_deleted_and_created_again_is_built_into_anew(
     annotations = new_jobs[0]["metadata"]["annotations"]
     assert annotations["tts.cosyvoice.dev/cache-claim-uid"] == claim_uid
     assert new_jobs[0]["metadata"]["name"] != old_job["metadata"]["name"]
+
+
+def test_with_peering_one_replica_acts_and_a_standby_takes_over(
+    cluster: Cluster, ns: str, tmp_path: Path
+) -> None:
+    # Two replicas as the chart runs them with peering.enabled: kopf handlers and the
+    # resync loop act only in the replica of the highest priority; when it dies, the other
+    # takes over once its peering entry lapses.
+    cluster.kubectl("apply", "-f", str(MANIFESTS / "kopf-peering-crds.yaml"))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev", "--timeout=60s"
+    )
+    cluster.apply(ns, json.dumps({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
+                                  "metadata": {"name": "cvs"}}))  # fmt: skip
+    fast = {"COSYVOICE_PEERING_LIFETIME_SECONDS": "10"}
+    (tmp_path / "low").mkdir()
+    (tmp_path / "high").mkdir()
+    low = OperatorProcess(cluster, ns, tmp_path / "low", "--peering", "cvs", "--priority", "10")
+    high = OperatorProcess(cluster, ns, tmp_path / "high", "--peering", "cvs", "--priority", "20")
+    low.env.update(fast)
+    high.env.update(fast)
+    low.start()
+    high.start()
+    try:
+        wait_for(
+            "the low-priority replica to stand by",
+            lambda: "resync paused: peer" in low.log(whole=True),
+            timeout=60,
+        )
+        cluster.apply(ns, service("peered", serving={"nodeSelector": L20}))
+        wait_engine_ready(cluster, ns, "peered", timeout=90)
+        assert len(jobs(cluster, ns)) == 1
+        assert "EngineBuildStarted" in high.log(whole=True)
+        assert "EngineBuildStarted" not in low.log(whole=True)  # the standby did nothing
+
+        high.kill()
+        wait_for(
+            "the standby to take over",
+            lambda: "resync active" in low.log(whole=True),
+            timeout=60,
+        )
+        # It acts now: a new engine gets its Job from the former standby.
+        cluster.kubectl(
+            "patch",
+            "cvs",
+            "peered",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"engine": {"maxBatchSize": 32}}}),
+        )
+        wait_for("a second Job", lambda: len(jobs(cluster, ns)) == 2, timeout=60)
+        assert "EngineBuildStarted" in low.log(whole=True)
+    finally:
+        low.stop()
+        high.stop()

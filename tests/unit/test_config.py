@@ -35,6 +35,7 @@ def test_empty_values_mean_defaults() -> None:
         "COSYVOICE_BUILD_POD_ANNOTATIONS",
         "COSYVOICE_IMAGE_PULL_SECRETS",
         "COSYVOICE_RESYNC_SECONDS",
+        "COSYVOICE_PEERING_LIFETIME_SECONDS",
         "COSYVOICE_PROMETHEUS_URL",
     ]
     assert config.load(dict.fromkeys(names, "")) == OperatorConfig()
@@ -79,6 +80,13 @@ def test_build_setting_from_env(name: str, raw: str, attr: str, value: object) -
 @pytest.mark.parametrize(("raw", "value"), [("30", 30.0), ("0.5", 1.0), ("0", 1.0)])
 def test_resync_seconds_at_least_one(raw: str, value: float) -> None:
     assert config.load({"COSYVOICE_RESYNC_SECONDS": raw}).resync_seconds == value
+
+
+def test_peering_lifetime() -> None:
+    assert config.load({}).peering_lifetime_seconds == 60
+    assert config.load({"COSYVOICE_PEERING_LIFETIME_SECONDS": "15"}).peering_lifetime_seconds == 15
+    with pytest.raises(ConfigError, match="at least 10"):
+        config.load({"COSYVOICE_PEERING_LIFETIME_SECONDS": "5"})
 
 
 def test_prometheus_url() -> None:
