@@ -113,11 +113,11 @@ def validate_gpu_arch(arch: str) -> str:
 # The oldest architecture each precision runs on (TensorRT-LLM's support matrix): bfloat16
 # needs Ampere tensor cores, FP8 needs Ada or Hopper. Checked before any download, so a
 # mismatch costs no GPU time (the operator refuses these pairs too).
-_PRECISION_MIN_SM = {Precision.BFLOAT16: 80, Precision.FP8: 89}
+PRECISION_MIN_SM = {Precision.BFLOAT16: 80, Precision.FP8: 89}
 
 
 def _check_precision_arch(precision: Precision, arch: str) -> None:
-    needed = _PRECISION_MIN_SM.get(precision)
+    needed = PRECISION_MIN_SM.get(precision)
     have = int("".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit()))
     if needed is not None and have < needed:
         raise InvalidRequest(

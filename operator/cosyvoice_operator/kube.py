@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import logging
 import socket
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from kubernetes.aio import client, config
@@ -18,6 +18,16 @@ from kubernetes.aio.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
 COMPONENT = "cosyvoice-operator"
+
+
+async def _unless_missing(request: Awaitable[Any]) -> Any | None:
+    """The response, or None when the object does not exist (404); other errors raise."""
+    try:
+        return await request
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
 
 
 def api_error(exc: ApiException) -> str:
@@ -67,15 +77,12 @@ class Kube:
         return items
 
     async def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            found: Any = await self.custom.get_namespaced_custom_object(
+        found = await _unless_missing(
+            self.custom.get_namespaced_custom_object(
                 "tts.cosyvoice.dev", "v1alpha1", namespace, "cosyvoiceservices", name
             )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return dict(found)
+        )
+        return None if found is None else dict(found)
 
     async def peering_statuses(
         self, name: str, namespaces: tuple[str, ...]
@@ -167,37 +174,23 @@ class Kube:
         return list(self._plain(result).get("items") or [])
 
     async def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            result = await self.core.read_namespaced_config_map(name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return dict(self._plain(result))
+        found = await _unless_missing(self.core.read_namespaced_config_map(name, namespace))
+        return None if found is None else dict(self._plain(found))
 
     async def claim_uid(self, namespace: str, name: str) -> str | None:
         """The uid of a PersistentVolumeClaim, or None when there is none of that name."""
-        try:
-            claim = await self.core.read_namespaced_persistent_volume_claim(name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return str(self._plain(claim)["metadata"]["uid"])
+        claim = await _unless_missing(
+            self.core.read_namespaced_persistent_volume_claim(name, namespace)
+        )
+        return None if claim is None else str(self._plain(claim)["metadata"]["uid"])
 
     async def exists(self, kind: str, namespace: str, name: str) -> bool:
         readers = {
             "PersistentVolumeClaim": self.core.read_namespaced_persistent_volume_claim,
             "Secret": self.core.read_namespaced_secret_with_http_info,
         }
-        try:
-            # For a Secret only the status matters: the operator never looks at its data.
-            await readers[kind](name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        # For a Secret only the status matters: the operator never looks at its data.
+        return await _unless_missing(readers[kind](name, namespace)) is not None
 
     async def create_if_absent(self, body: dict[str, Any]) -> bool:
         """Create the object; False (and no error) when one of that name already exists."""

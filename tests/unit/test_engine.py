@@ -437,3 +437,13 @@ def test_two_services_asking_for_the_same_engine_share_its_key() -> None:
         service(serving={"streaming": False}, autoscaling={"enabled": True}), nodes, DEFAULT_IMAGE
     )
     assert [t.key for t in a.targets] == [t.key for t in b.targets]
+
+
+def test_the_operator_and_the_builder_agree_on_precision_support() -> None:
+    # Both refuse a precision an architecture cannot run (the operator before making a Job,
+    # the builder before any download); the builder is a program of its own, so each keeps
+    # the table, and this keeps them the same.
+    from cosyvoice_engine_builder import request
+
+    builder = {p.value: sm for p, sm in request.PRECISION_MIN_SM.items()}
+    assert builder == gpus.PRECISION_MIN_SM
