@@ -55,8 +55,11 @@ _HF_PERMANENT = {
     "GatedRepoError",
     "DisabledRepoError",
     "EntryNotFoundError",
-    "LocalEntryNotFoundError",
 }
+# huggingface_hub raises this one (a subclass of EntryNotFoundError) when the Hub could not
+# be reached at all: timeouts, dropped connections, 5xx and 429. The entry may well exist;
+# what it wraps, if anything, tells more.
+_HF_UNREACHABLE = "LocalEntryNotFoundError"
 # S3 error codes (botocore ClientError, or the AWS CLI's message) that a retry cannot fix.
 _S3_PERMANENT = {
     "NoSuchBucket",
@@ -75,6 +78,9 @@ _PERMANENT_HTTP = {401, 403, 404}
 def is_permanent(exc: BaseException) -> bool:
     """Would retrying the same download fail the same way?"""
     names = {cls.__name__ for cls in type(exc).__mro__}
+    if _HF_UNREACHABLE in names:
+        cause = exc.__cause__ or exc.__context__
+        return cause is not None and is_permanent(cause)
     if names & _HF_PERMANENT or "NoCredentialsError" in names:
         return True
     response = getattr(exc, "response", None)

@@ -167,6 +167,12 @@ class Pipeline:
             }
         )
 
+    def _after_fetch(self, fetch_digest: str) -> str:
+        """What the later steps chain on: the fetch's inputs and what it actually produced,
+        so that a model fetched again with other contents (a moved default branch, files
+        changed in a pvc:// folder) reruns the conversion and the plans."""
+        return params_digest({"fetch": fetch_digest, "model": self.markers.outputs_digest("fetch")})
+
     @staticmethod
     def _convert_digest(after: str, argv: tuple[str, ...], versions: Versions) -> str:
         return params_digest({"after": after, "argv": argv, "tensorrtLlm": versions.tensorrt_llm})
@@ -341,7 +347,7 @@ class Pipeline:
                     "(LLM checkpoint under llm/ and the ONNX files)"
                 )
             raise BuildFailed("fetch", message, permanent=True) from exc
-        return digest, layout
+        return self._after_fetch(digest), layout
 
     def _convert(self, index: int, layout: ModelLayout, after: str, versions: Versions) -> str:
         r = self.request
@@ -507,6 +513,7 @@ class Pipeline:
             out(f"note: {target} does not exist yet; assuming the LLM at {layout.llm_dir}")
 
         fetch_digest = self._fetch_digest()
+        after_fetch = self._after_fetch(fetch_digest)
         total = len(STEPS)
 
         def step(index: int, name: str, text: str, digest: str | None = None) -> None:
@@ -516,7 +523,7 @@ class Pipeline:
 
         step(1, "fetch", describe_fetch(r, self.environ), fetch_digest)
         convert = self.convert_argv(layout)
-        convert_digest = self._convert_digest(fetch_digest, convert, versions)
+        convert_digest = self._convert_digest(after_fetch, convert, versions)
         step(2, "convert", Command(convert).display(), convert_digest)
         build = self.build_argv()
         step(
@@ -534,7 +541,7 @@ class Pipeline:
                 index,
                 name,
                 Command(argv).display(),
-                self._plan_digest(fetch_digest, argv, versions),
+                self._plan_digest(after_fetch, argv, versions),
             )
         step(
             6,

@@ -54,10 +54,14 @@ class StepMarkers:
             return False
         if outputs is None:
             return True
-        return record.get("outputs") == [_describe(p, verify=True) for p in outputs]
+        return record.get("outputs") == [_describe(p) for p in outputs]
 
     def clear(self, name: str) -> None:
         self.path(name).unlink(missing_ok=True)
+
+    def outputs_digest(self, name: str) -> str:
+        """A digest of what a finished step produced, as recorded (for the steps after it)."""
+        return params_digest({"outputs": (self._record(name) or {}).get("outputs")})
 
     def mark_done(self, name: str, digest: str, outputs: Sequence[Path] = ()) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -77,7 +81,7 @@ class StepMarkers:
         os.replace(tmp, self.path(name))
 
 
-def _describe(path: Path, *, sync: bool = False, verify: bool = False) -> dict[str, Any]:
+def _describe(path: Path, *, sync: bool = False) -> dict[str, Any]:
     """What an output is: a file's size and sha256, or a directory's file sizes.
 
     A missing output describes as missing, which never equals what was recorded.
@@ -86,12 +90,11 @@ def _describe(path: Path, *, sync: bool = False, verify: bool = False) -> dict[s
         size = path.stat().st_size
         return {"path": str(path), "size": size, "sha256": sha256_file(path, sync=sync)}
     if path.is_dir():
-        sizes = {
-            os.path.relpath(os.path.join(root, name), path): os.path.getsize(
-                os.path.join(root, name)
-            )
-            for root, _, names in os.walk(path)
-            for name in names
-        }
+        # lstat: a dangling link in a pvc:// model is described, not a crash of every retry.
+        sizes: dict[str, int] = {}
+        for root, _, names in os.walk(path):
+            for name in names:
+                full = os.path.join(root, name)
+                sizes[os.path.relpath(full, path)] = os.lstat(full).st_size
         return {"path": str(path), "files": dict(sorted(sizes.items()))}
     return {"path": str(path), "missing": True}

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .conditions import parse_time
 from .engine import EngineIdentity, EngineTarget
 from .gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from .spec import ServiceSpec
@@ -386,14 +387,6 @@ def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     return None
 
 
-def _parse_time(value: Any) -> dt.datetime | None:
-    if isinstance(value, dt.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-    if isinstance(value, str) and value:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return None
-
-
 def termination_message(pods: Sequence[Mapping[str, Any]]) -> str:
     """The builder's own last words: its termination message, newest pod first.
 
@@ -484,7 +477,7 @@ def assess(
                 attempts=attempt,
                 action="record-failure",
             )
-        failed_at = _parse_time(failed.get("lastTransitionTime")) or now
+        failed_at = parse_time(failed.get("lastTransitionTime")) or now
         retry_at = failed_at + dt.timedelta(
             seconds=settings.retry_base_seconds * 2 ** (attempt - 1)
         )
@@ -526,8 +519,8 @@ def assess(
 def _running_since(pod: Mapping[str, Any]) -> dt.datetime | None:
     status = pod.get("status") or {}
     for cs in status.get("containerStatuses") or []:
-        started = _parse_time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
+        started = parse_time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
         if started is not None:
             return started.astimezone(dt.UTC)
-    started = _parse_time(status.get("startTime"))
+    started = parse_time(status.get("startTime"))
     return started.astimezone(dt.UTC) if started else None

@@ -11,6 +11,19 @@ def timestamp(now: dt.datetime) -> str:
     return now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def parse_time(value: Any) -> dt.datetime | None:
+    """An API timestamp (RFC 3339, ``Z`` or an offset; naive means UTC), or None."""
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
 def merge(
     previous: Iterable[Mapping[str, Any]],
     updates: Iterable[Mapping[str, Any]],

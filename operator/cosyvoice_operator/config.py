@@ -77,24 +77,26 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
             "a build needs at least 1 second (the API rejects 0)"
         )
     ttl = _int(env, "COSYVOICE_BUILD_TTL_SECONDS", defaults.ttl_seconds_after_finished)
-    # A finished Job is recorded on the next resync; one deleted sooner is never recorded,
-    # and its engine would be built again and again.
-    min_ttl = max(60, math.ceil(3 * resync))
+    max_attempts = max(1, _int(env, "COSYVOICE_BUILD_MAX_ATTEMPTS", defaults.max_attempts))
+    retry_base = _float(env, "COSYVOICE_BUILD_RETRY_BASE_SECONDS", defaults.retry_base_seconds)
+    # A finished Job is what the operator counts attempts and backoff from: it must outlive
+    # the longest wait before a retry (and a few resyncs to be seen), or the count starts
+    # over and a failing build is retried forever.
+    longest_wait = retry_base * 2 ** (max_attempts - 2) if max_attempts > 1 else 0
+    min_ttl = max(60, math.ceil(longest_wait + 3 * resync))
     if ttl < min_ttl:
         raise ConfigError(
             f"COSYVOICE_BUILD_TTL_SECONDS={env.get('COSYVOICE_BUILD_TTL_SECONDS')!r}: must be at "
-            f"least {min_ttl} (60 s and 3 resync periods), or a finished build Job may be "
-            "deleted before the operator records its outcome"
+            f"least {min_ttl} (60 s, and the longest retry wait plus 3 resync periods), or a "
+            "finished build Job may be deleted before the operator records or retries it"
         )
     build = BuildSettings(
         default_builder_image=env.get("COSYVOICE_BUILDER_IMAGE") or defaults.default_builder_image,
         backoff_limit=_int(env, "COSYVOICE_BUILD_BACKOFF_LIMIT", defaults.backoff_limit),
         active_deadline_seconds=deadline,
         ttl_seconds_after_finished=ttl,
-        max_attempts=max(1, _int(env, "COSYVOICE_BUILD_MAX_ATTEMPTS", defaults.max_attempts)),
-        retry_base_seconds=_float(
-            env, "COSYVOICE_BUILD_RETRY_BASE_SECONDS", defaults.retry_base_seconds
-        ),
+        max_attempts=max_attempts,
+        retry_base_seconds=retry_base,
         service_account=env.get("COSYVOICE_BUILD_SERVICE_ACCOUNT", ""),
         pod_annotations=annotations,
         image_pull_secrets=pull,

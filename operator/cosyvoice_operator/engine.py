@@ -92,10 +92,6 @@ class EnginePlan:
     source: str
 
     @property
-    def unknown_products(self) -> tuple[str, ...]:
-        return tuple(r.product for r in self.rejected if r.reason == "UnknownGPUProduct")
-
-    @property
     def product_count(self) -> int:
         return sum(len(t.products) for t in self.targets) + len(self.rejected)
 

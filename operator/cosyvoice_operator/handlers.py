@@ -263,29 +263,29 @@ async def resync_forever(
     running (uninstalled first, say). Nothing here needs to run at deletion: engines are
     shared and outlive services.
     """
-    standing_by: peering.Peer | None = None
+    standing_by: str | None = None
     while True:
         await asyncio.sleep(interval)
-        try:
-            if peering_of is not None:
-                # kopf pauses its handlers on a standby replica, but not this loop.
-                name, priority = peering_of
+        if peering_of is not None:
+            # kopf pauses its handlers on a standby replica, but not this loop.
+            name, priority = peering_of
+            try:
                 statuses = await kube.peering_statuses(name, namespaces)
-                now = dt.datetime.now(dt.UTC)
-                outranked = peering.outranked_by(statuses, priority, now)
-                if (outranked is None) != (standing_by is None):
-                    if outranked is not None:
-                        log.info(
-                            "resync paused: peer %s has priority %d (this operator: %d)",
-                            outranked.identity,
-                            outranked.priority,
-                            priority,
-                        )
-                    else:
-                        log.info("resync active: no live peer outranks priority %d", priority)
-                standing_by = outranked
-                if outranked is not None:
-                    continue
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("resync: reading the peering object %r failed", name)
+                continue
+            why = peering.standby_reason(statuses, priority, dt.datetime.now(dt.UTC))
+            if why != standing_by:
+                if why is not None:
+                    log.info("resync paused: %s", why)
+                else:
+                    log.info("resync active: no live peer outranks priority %d", priority)
+            standing_by = why
+            if why is not None:
+                continue
+        try:
             services = await kube.list_services(namespaces)
             nodes = await gpu_nodes(kube)
         except asyncio.CancelledError:

@@ -86,9 +86,10 @@ class Kube:
 
     async def peering_statuses(
         self, name: str, namespaces: tuple[str, ...]
-    ) -> list[dict[str, Any]]:
+    ) -> list[dict[str, Any] | None]:
         """The status of kopf's peering object `name`: the cluster-wide one when no namespace
-        is served, else the one in each served namespace (those that exist)."""
+        is served, else the one in each served namespace; None for one that does not exist.
+        (Listed, not read by name: the chart grants kopf's list/watch/patch, no more.)"""
         group, version = "kopf.dev", "v1"
         pages: list[Any] = []
         if not namespaces:
@@ -99,12 +100,15 @@ class Kube:
             pages.append(
                 await self.custom.list_namespaced_custom_object(group, version, ns, "kopfpeerings")
             )
-        return [
-            dict(item.get("status") or {})
-            for page in pages
-            for item in page.get("items") or []
-            if (item.get("metadata") or {}).get("name") == name
-        ]
+        found: list[dict[str, Any] | None] = []
+        for page in pages:
+            named = [
+                item
+                for item in page.get("items") or []
+                if (item.get("metadata") or {}).get("name") == name
+            ]
+            found.append(dict(named[0].get("status") or {}) if named else None)
+        return found
 
     async def patch_service_status(
         self, namespace: str, name: str, changes: dict[str, Any], resource_version: str = ""

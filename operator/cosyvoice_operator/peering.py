@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from .conditions import parse_time
 
 PRIORITY_RANGE = (1, 1_000_000)
 GROUP, VERSION = "kopf.dev", "v1"
@@ -34,16 +36,6 @@ class Peer:
     alive: bool
 
 
-def _parse_time(value: Any) -> dt.datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-
-
 def peers(status: Mapping[str, Any], now: dt.datetime) -> list[Peer]:
     """The peers a peering object's status lists (kopf: {identity: {priority, lifetime,
     lastseen}}), each alive until its lastseen plus its lifetime."""
@@ -56,27 +48,40 @@ def peers(status: Mapping[str, Any], now: dt.datetime) -> list[Peer]:
             lifetime = dt.timedelta(seconds=int(info.get("lifetime", 60)))
         except (TypeError, ValueError):
             continue
-        lastseen = _parse_time(info.get("lastseen"))
+        raw_seen = info.get("lastseen")
+        # kopf takes an entry without lastseen as seen just now; so does this.
+        lastseen = parse_time(raw_seen) if raw_seen is not None else now
         alive = lastseen is not None and lastseen + lifetime > now
         found.append(Peer(str(identity), priority, alive))
     return found
 
 
-def outranked_by(
-    statuses: Iterable[Mapping[str, Any]], own_priority: int, now: dt.datetime
-) -> Peer | None:
-    """A live peer this operator must stand by for, if any, in any of the peering objects.
+def standby_reason(
+    statuses: Sequence[Mapping[str, Any] | None], own_priority: int, now: dt.datetime
+) -> str | None:
+    """Why this operator must stand by, or None when it is the active one.
 
-    Each object lists the operator itself with its own priority; a second live entry of the
-    same priority in one object is a collision, which kopf resolves by pausing both, and so
-    does this.
+    `statuses` holds the status of each peering object the operator takes part in (one
+    cluster-wide, or one per served namespace), None for one that does not exist. kopf keeps
+    its handlers paused while an object is missing or does not list the operator yet, while
+    a live peer has a higher priority, and while another live peer shares its priority; the
+    operator's own entry is the live one with its own priority.
     """
+    if not statuses:
+        return "no peering object to take part in"
     for status in statuses:
+        if status is None:
+            return "a peering object is missing (kopf waits for it)"
         live = [p for p in peers(status, now) if p.alive]
         higher = [p for p in live if p.priority > own_priority]
         if higher:
-            return max(higher, key=lambda p: p.priority)
+            top = max(higher, key=lambda p: p.priority)
+            return (
+                f"peer {top.identity} has priority {top.priority} (this operator: {own_priority})"
+            )
         same = [p for p in live if p.priority == own_priority]
+        if not same:
+            return "this operator is not listed in its peering object yet"
         if len(same) > 1:
-            return same[0]
+            return f"{len(same)} live peers share priority {own_priority}; kopf pauses them all"
     return None

@@ -314,6 +314,22 @@ class RepositoryNotFoundError(Exception):
     """Named as huggingface_hub's, which the builder recognises by name."""
 
 
+class EntryNotFoundError(Exception):
+    pass
+
+
+class LocalEntryNotFoundError(EntryNotFoundError):
+    """What huggingface_hub raises when the Hub cannot be reached (a subclass, as there)."""
+
+
+def _unreachable(cause: Exception | None) -> Exception:
+    try:
+        raise LocalEntryNotFoundError("An error happened while trying to locate the files")
+    except LocalEntryNotFoundError as exc:
+        exc.__cause__ = cause
+        return exc
+
+
 class _Response:
     def __init__(self, status_code: int) -> None:
         self.status_code = status_code
@@ -337,7 +353,13 @@ class ClientError(Exception):
     ("error", "code"),
     [
         (RepositoryNotFoundError("404 Client Error. Repository Not Found"), 2),
+        (EntryNotFoundError("404 Client Error. Entry Not Found"), 2),
         (HfHubHTTPError("401 Client Error: Unauthorized", 401), 2),
+        # The Hub out of reach (as huggingface_hub reports timeouts and 5xx): worth a retry,
+        # unless what it wraps is itself final.
+        (_unreachable(TimeoutError("read timed out")), 1),
+        (_unreachable(None), 1),
+        (_unreachable(HfHubHTTPError("403 Forbidden", 403)), 2),
         (HfHubHTTPError("503 Server Error", 503), 1),
         (ConnectionError("connection reset by peer"), 1),
     ],

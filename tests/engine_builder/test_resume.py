@@ -171,3 +171,27 @@ def test_a_work_dir_shared_by_two_architectures_never_reuses_the_engine(
     assert builder.build(work_dir=shared, gpu_arch="sm_90").code == 0
     # The converted checkpoint does not depend on the GPU; the engine does.
     assert builder.tools_called() == ["trtllm-build", "trtexec", "trtexec"]
+
+
+def test_a_model_that_changed_since_the_fetch_reruns_what_was_made_from_it(
+    builder: Builder,
+) -> None:
+    # Files of a pvc:// model changed between two attempts (or an hf:// default branch moved
+    # and the fetch ran again): the converted checkpoint and the engine are stale.
+    assert builder.build(env_extra={"FAKE_FAIL": "trtexec"}).code == 1
+    weights = builder.pvc_root / "models" / "cosyvoice2" / "llm" / "model.safetensors"
+    weights.write_text("llm weights, fine-tuned further")
+    builder.reset_calls()
+    resumed = builder.build()
+    assert resumed.code == 0, resumed.out
+    assert "fetch: outputs changed since an earlier attempt" in resumed.out
+    assert builder.tools_called() == ["convert", "trtllm-build", "trtexec", "trtexec"]
+
+
+def test_a_dangling_link_in_the_model_does_not_break_the_build(builder: Builder) -> None:
+    model = builder.pvc_root / "models" / "cosyvoice2"
+    (model / "notes.txt").symlink_to(model / "gone.txt")
+    assert builder.build(env_extra={"FAKE_FAIL": "trtexec"}).code == 1
+    builder.reset_calls()
+    assert builder.build().code == 0
+    assert builder.tools_called() == ["trtexec", "trtexec"]  # the link did not look changed

@@ -128,12 +128,28 @@ def test_bad_value_raises_config_error_naming_the_variable(name: str, raw: str) 
     ("env", "name", "needle"),
     [
         ({"COSYVOICE_BUILD_DEADLINE_SECONDS": "0"}, "COSYVOICE_BUILD_DEADLINE_SECONDS", "1 second"),
-        ({"COSYVOICE_BUILD_TTL_SECONDS": "0"}, "COSYVOICE_BUILD_TTL_SECONDS", "at least 60"),
-        ({"COSYVOICE_BUILD_TTL_SECONDS": "59"}, "COSYVOICE_BUILD_TTL_SECONDS", "at least 60"),
+        ({"COSYVOICE_BUILD_TTL_SECONDS": "0"}, "COSYVOICE_BUILD_TTL_SECONDS", "at least 150"),
+        ({"COSYVOICE_BUILD_TTL_SECONDS": "59"}, "COSYVOICE_BUILD_TTL_SECONDS", "at least 150"),
         (
             {"COSYVOICE_BUILD_TTL_SECONDS": "100", "COSYVOICE_RESYNC_SECONDS": "40"},
             "COSYVOICE_BUILD_TTL_SECONDS",
-            "at least 120",
+            "at least 240",  # 60 * 2 (the wait before attempt 3) + 3 * 40
+        ),
+        (
+            # Default backoff (60 s base, 3 attempts) and resync (10 s): the Job of attempt 2
+            # must still be there when attempt 3 is due, 120 s after it failed.
+            {"COSYVOICE_BUILD_TTL_SECONDS": "120"},
+            "COSYVOICE_BUILD_TTL_SECONDS",
+            "at least 150",
+        ),
+        (
+            {
+                "COSYVOICE_BUILD_TTL_SECONDS": "3600",
+                "COSYVOICE_BUILD_MAX_ATTEMPTS": "8",
+                "COSYVOICE_BUILD_RETRY_BASE_SECONDS": "60",
+            },
+            "COSYVOICE_BUILD_TTL_SECONDS",
+            "at least 3870",  # 60 * 2**6 + 30
         ),
     ],
 )
@@ -146,7 +162,16 @@ def test_settings_that_would_lose_builds_are_refused(
 
 
 def test_shortest_accepted_ttl() -> None:
-    assert config.load({"COSYVOICE_BUILD_TTL_SECONDS": "60"}).build.ttl_seconds_after_finished == 60
+    assert (
+        config.load({"COSYVOICE_BUILD_TTL_SECONDS": "150"}).build.ttl_seconds_after_finished == 150
+    )
+    fast = {"COSYVOICE_BUILD_RETRY_BASE_SECONDS": "2", "COSYVOICE_RESYNC_SECONDS": "1"}
+    assert (
+        config.load({**fast, "COSYVOICE_BUILD_TTL_SECONDS": "60"}).build.ttl_seconds_after_finished
+        == 60
+    )
+    one_attempt = {"COSYVOICE_BUILD_MAX_ATTEMPTS": "1", "COSYVOICE_BUILD_TTL_SECONDS": "60"}
+    assert config.load(one_attempt).build.max_attempts == 1
 
 
 def test_config_error_is_a_value_error() -> None:

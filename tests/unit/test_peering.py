@@ -16,49 +16,60 @@ def entry(priority: int, seen_ago: float = 5, lifetime: int = 60) -> dict[str, A
     return {"priority": priority, "lifetime": lifetime, "lastseen": seen.isoformat()}
 
 
+def reason(statuses: list[dict[str, Any] | None], own: int = 500) -> str | None:
+    return peering.standby_reason(statuses, own, NOW)
+
+
 def test_alone_is_active() -> None:
-    assert peering.outranked_by([{"me": entry(500)}], 500, NOW) is None
+    assert reason([{"me": entry(500)}]) is None
 
 
 def test_a_live_peer_of_higher_priority_outranks() -> None:
-    found = peering.outranked_by([{"me": entry(500), "other": entry(900)}], 500, NOW)
-    assert found == peering.Peer("other", 900, True)
+    why = reason([{"me": entry(500), "other": entry(900)}])
+    assert why == "peer other has priority 900 (this operator: 500)"
 
 
 def test_lower_priority_peers_stand_by_for_us() -> None:
-    assert peering.outranked_by([{"me": entry(500), "other": entry(100)}], 500, NOW) is None
+    assert reason([{"me": entry(500), "other": entry(100)}]) is None
 
 
 def test_a_dead_peer_does_not_count() -> None:
     # lastseen + lifetime in the past: the active replica died; the standby takes over.
-    status = {"me": entry(500), "dead": entry(900, seen_ago=61, lifetime=60)}
-    assert peering.outranked_by([status], 500, NOW) is None
+    assert reason([{"me": entry(500), "dead": entry(900, seen_ago=61, lifetime=60)}]) is None
 
 
 def test_same_priority_pauses_as_kopf_does() -> None:
-    found = peering.outranked_by([{"me": entry(500), "twin": entry(500)}], 500, NOW)
-    assert found is not None and found.priority == 500
+    why = reason([{"me": entry(500), "twin": entry(500)}])
+    assert why is not None and "share priority 500" in why
+
+
+def test_not_listed_yet_or_object_missing_stands_by() -> None:
+    # kopf keeps its handlers paused until its peering object exists and lists it.
+    assert (
+        reason([{"other": entry(100)}]) == "this operator is not listed in its peering object yet"
+    )
+    assert reason([None]) is not None and "missing" in str(reason([None]))
+    assert reason([{"me": entry(500)}, None]) is not None
+    assert reason([]) is not None
 
 
 def test_our_own_entry_in_several_namespaces_is_no_collision() -> None:
-    statuses = [{"me": entry(500)}, {"me": entry(500)}]
-    assert peering.outranked_by(statuses, 500, NOW) is None
+    assert reason([{"me": entry(500)}, {"me": entry(500)}]) is None
 
 
 def test_outranked_in_any_namespace() -> None:
-    statuses = [{"me": entry(500)}, {"me": entry(500), "other": entry(700)}]
-    found = peering.outranked_by(statuses, 500, NOW)
-    assert found is not None and found.identity == "other"
+    why = reason([{"me": entry(500)}, {"me": entry(500), "other": entry(700)}])
+    assert why is not None and "peer other has priority 700" in why
 
 
-def test_malformed_entries_are_ignored() -> None:
+def test_malformed_entries_are_ignored_and_no_lastseen_means_now_as_in_kopf() -> None:
     status = {
         "me": entry(500),
         "junk": "not a mapping",
         "bad-priority": {"priority": "high", "lastseen": NOW.isoformat()},
-        "no-lastseen": {"priority": 900},
     }
-    assert peering.outranked_by([status], 500, NOW) is None
+    assert reason([status]) is None
+    assert reason([{**status, "fresh": {"priority": 900}}]) is not None
 
 
 def test_kopf_timestamps_with_z_and_without_zone() -> None:

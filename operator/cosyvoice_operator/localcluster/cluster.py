@@ -128,6 +128,9 @@ def _free_port() -> int:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        # As the components' own listeners do: a port in TIME_WAIT after a quick down/up is
+        # free to them, and must not make the cluster move.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
