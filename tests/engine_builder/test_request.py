@@ -8,6 +8,7 @@ import pytest
 
 from cosyvoice_engine_builder.request import BuildRequest, InvalidRequest
 from tests.engine_builder.conftest import KEY, Builder
+from tests.precision_cases import PRECISION_ARCH_CASES
 
 
 def _request(**overrides: object) -> BuildRequest:
@@ -69,20 +70,7 @@ def test_cli_rejects_bad_input_with_exit_code_2(builder: Builder) -> None:
     assert builder.calls() == []
 
 
-@pytest.mark.parametrize(
-    ("precision", "arch", "ok"),
-    [
-        ("fp8", "sm_89", True),
-        ("fp8", "sm_90a", True),
-        ("fp8", "sm_100", True),
-        ("fp8", "sm_80", False),
-        ("fp8", "sm_86", False),
-        ("bfloat16", "sm_80", True),
-        ("bfloat16", "sm_75", False),
-        ("float16", "sm_75", True),
-        ("int8-weight-only", "sm_75", True),
-    ],
-)
+@pytest.mark.parametrize(("precision", "arch", "ok"), PRECISION_ARCH_CASES)
 def test_precision_must_run_on_the_architecture(precision: str, arch: str, ok: bool) -> None:
     if ok:
         assert _request(precision=precision, gpu_arch=arch).gpu_arch == arch

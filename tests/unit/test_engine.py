@@ -11,6 +11,7 @@ import pytest
 
 from cosyvoice_operator import engine, gpus, spec
 from cosyvoice_operator.engine import EngineIdentity
+from tests.precision_cases import PRECISION_ARCH_CASES
 
 from .objects import identity, node, raw_spec, service
 
@@ -325,20 +326,7 @@ def test_plan_rejects_products_the_precision_cannot_run_on(
     assert _unknown(p) == ()
 
 
-@pytest.mark.parametrize(
-    ("precision", "arch", "ok"),
-    [
-        ("fp8", "sm_89", True),
-        ("fp8", "sm_90", True),
-        ("fp8", "sm_100", True),
-        ("fp8", "sm_86", False),
-        ("fp8", "sm_80", False),
-        ("bfloat16", "sm_80", True),
-        ("bfloat16", "sm_75", False),
-        ("float16", "sm_75", True),
-        ("int4-weight-only", "sm_80", True),
-    ],
-)
+@pytest.mark.parametrize(("precision", "arch", "ok"), PRECISION_ARCH_CASES)
 def test_precision_support_by_architecture(precision: str, arch: str, ok: bool) -> None:
     assert (gpus.precision_unsupported(precision, arch) is None) is ok
 

@@ -1,0 +1,20 @@
+"""Which precision runs on which GPU architecture: one table for the two places that refuse
+the pairs that cannot (the operator, before making a build Job; the builder, before any
+download), so both are held to the same cases."""
+
+from __future__ import annotations
+
+# (spec.engine.precision, SM architecture, runs there)
+PRECISION_ARCH_CASES: list[tuple[str, str, bool]] = [
+    ("fp8", "sm_89", True),
+    ("fp8", "sm_90", True),
+    ("fp8", "sm_90a", True),
+    ("fp8", "sm_100", True),
+    ("fp8", "sm_86", False),
+    ("fp8", "sm_80", False),
+    ("bfloat16", "sm_80", True),
+    ("bfloat16", "sm_75", False),
+    ("float16", "sm_75", True),
+    ("int8-weight-only", "sm_75", True),
+    ("int4-weight-only", "sm_80", True),
+]
