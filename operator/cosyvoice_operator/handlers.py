@@ -81,7 +81,7 @@ async def _blockers(
             )
         )
     model_claim = spec.model.pvc_claim
-    if model_claim and not await kube.exists("PersistentVolumeClaim", namespace, model_claim):
+    if model_claim and await kube.claim_uid(namespace, model_claim) is None:
         found.append(
             status.Blocker(
                 "ModelClaimMissing",
@@ -90,7 +90,7 @@ async def _blockers(
             )
         )
     secret = spec.model.credentials_secret
-    if secret and not await kube.exists("Secret", namespace, secret):
+    if secret and not await kube.secret_exists(namespace, secret):
         found.append(
             status.Blocker(
                 "CredentialsSecretMissing",

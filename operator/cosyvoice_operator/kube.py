@@ -16,6 +16,8 @@ from typing import Any
 from kubernetes.aio import client, config
 from kubernetes.aio.client.exceptions import ApiException
 
+from . import peering
+
 log = logging.getLogger(__name__)
 COMPONENT = "cosyvoice-operator"
 
@@ -90,15 +92,17 @@ class Kube:
         """The status of kopf's peering object `name`: the cluster-wide one when no namespace
         is served, else the one in each served namespace; None for one that does not exist.
         (Listed, not read by name: the chart grants kopf's list/watch/patch, no more.)"""
-        group, version = "kopf.dev", "v1"
+        group, version = peering.GROUP, peering.VERSION
         pages: list[Any] = []
         if not namespaces:
             pages.append(
-                await self.custom.list_cluster_custom_object(group, version, "clusterkopfpeerings")
+                await self.custom.list_cluster_custom_object(group, version, peering.CLUSTER_PLURAL)
             )
         for ns in namespaces:
             pages.append(
-                await self.custom.list_namespaced_custom_object(group, version, ns, "kopfpeerings")
+                await self.custom.list_namespaced_custom_object(
+                    group, version, ns, peering.NAMESPACED_PLURAL
+                )
             )
         found: list[dict[str, Any] | None] = []
         for page in pages:
@@ -188,13 +192,12 @@ class Kube:
         )
         return None if claim is None else str(self._plain(claim)["metadata"]["uid"])
 
-    async def exists(self, kind: str, namespace: str, name: str) -> bool:
-        readers = {
-            "PersistentVolumeClaim": self.core.read_namespaced_persistent_volume_claim,
-            "Secret": self.core.read_namespaced_secret_with_http_info,
-        }
-        # For a Secret only the status matters: the operator never looks at its data.
-        return await _unless_missing(readers[kind](name, namespace)) is not None
+    async def secret_exists(self, namespace: str, name: str) -> bool:
+        # Only the status matters: the operator never looks at a Secret's data.
+        found = await _unless_missing(
+            self.core.read_namespaced_secret_with_http_info(name, namespace)
+        )
+        return found is not None
 
     async def create_if_absent(self, body: dict[str, Any]) -> bool:
         """Create the object; False (and no error) when one of that name already exists."""
