@@ -24,6 +24,9 @@ lint: setup
 test: lint
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
+unit: setup
+	$(PY) -m pytest -ra tests/unit tests/engine_builder $(PYTEST_ARGS)
+
 bench: setup
 	$(PY) bench/cluster_up.py
 

@@ -15,6 +15,12 @@ PRECISION_ARCH_CASES: list[tuple[str, str, bool]] = [
     ("bfloat16", "sm_80", True),
     ("bfloat16", "sm_75", False),
     ("float16", "sm_75", True),
-    ("int8-weight-only", "sm_75", True),
+    # The weight-only modes run with bfloat16 activations: Ampere or newer, so a Turing
+    # GPU (sm_75, e.g. Tesla T4) is refused for them as for bfloat16.
+    ("int8-weight-only", "sm_75", False),
+    ("int4-weight-only", "sm_75", False),
+    ("int8-weight-only", "sm_80", True),
     ("int4-weight-only", "sm_80", True),
+    ("int8-weight-only", "sm_86", True),
+    ("int4-weight-only", "sm_90", True),
 ]

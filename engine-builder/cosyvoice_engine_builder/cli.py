@@ -1,17 +1,19 @@
-"""``cosyvoice-engine-builder build|verify``: the engine-build Job's entry point.
+"""``cosyvoice-engine-builder build|verify|remove``: the engine Jobs' entry point.
 
 Exit codes (the operator's Job and retry policy rely on them):
 
-- 0  the engine is built, or was already there (``build``); it verifies (``verify``)
+- 0  the engine is built, or was already there (``build``); it verifies (``verify``); it
+     and its build leftovers are gone, or were never there (``remove``)
 - 1  a step failed and a retry may succeed (``build``); the engine is missing or invalid
-     (``verify``)
+     (``verify``); a file-system error while removing (``remove``)
 - 2  retrying cannot help: invalid command line, a file missing from the model (config,
-     ONNX, the pvc:// path), a tool missing from the image, a GPU of the wrong architecture
+     ONNX, the pvc:// path), a tool missing from the image, a GPU of the wrong architecture;
+     for ``remove`` also no cache dir, or a link out of it
 - 3  another builder held the key's lock past ``--lock-timeout``
 - 143  terminated by SIGTERM (pod deleted or evicted); a rerun resumes
 
-Whatever the outcome of ``build``, a one-line JSON result goes to the termination
-message file (``TERMINATION_MESSAGE_PATH``, default ``/dev/termination-log``).
+Whatever the outcome of ``build`` or ``remove``, a one-line JSON result goes to the
+termination message file (``TERMINATION_MESSAGE_PATH``, default ``/dev/termination-log``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from cosyvoice_engine_builder.manifest import verify_engine_dir
 from cosyvoice_engine_builder.pipeline import BuildFailed, Pipeline
 from cosyvoice_engine_builder.progress import Console
 from cosyvoice_engine_builder.redaction import Redactor
+from cosyvoice_engine_builder.remove import RemoveRefused, remove_engine
 from cosyvoice_engine_builder.request import (
     BuildRequest,
     InvalidRequest,
@@ -119,6 +122,18 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="exit 0 iff a complete, digest-valid engine exists")
     verify.add_argument("--cache-dir", required=True, type=Path)
     verify.add_argument("--key", required=True)
+
+    remove = sub.add_parser(
+        "remove", help="remove the engine of a key and its build leftovers (under its lock)"
+    )
+    remove.add_argument("--key", required=True, help="content key (40 lowercase hex digits)")
+    remove.add_argument("--cache-dir", required=True, type=Path, help="the engine cache volume")
+    remove.add_argument(
+        "--lock-timeout",
+        type=_non_negative_seconds,
+        default=None,
+        help="seconds to wait for a builder of the same key (default: forever)",
+    )
     return parser
 
 
@@ -166,6 +181,8 @@ def main(
 
     if args.command == "verify":
         return _verify(args, console, report)
+    if args.command == "remove":
+        return _remove(args, console, report)
     return _build(args, env, console, redactor, report, downloaders)
 
 
@@ -192,6 +209,48 @@ def _verify(args: argparse.Namespace, console: Console, report: _Reporter) -> in
         }
     )
     return EXIT_FAILED
+
+
+# The termination message lists at most this many removed paths (it must stay < 4096 bytes).
+_REMOVED_LISTED = 20
+
+
+def _remove(args: argparse.Namespace, console: Console, report: _Reporter) -> int:
+    key = args.key
+    try:
+        with _sigterm_raises():
+            removal = remove_engine(
+                args.cache_dir, key, echo=console.out, lock_timeout=args.lock_timeout
+            )
+    except RemoveRefused as exc:
+        console.err(f"error: {exc}")
+        report({"result": "failed", "step": exc.step, "key": key, "message": str(exc)})
+        return EXIT_USAGE
+    except LockTimeout as exc:
+        console.out(f"error: {exc}")
+        report({"result": "failed", "step": "lock", "key": key, "message": str(exc)})
+        return EXIT_LOCK_TIMEOUT
+    except _Terminated:
+        console.out("terminated by SIGTERM while removing; a rerun finishes the job")
+        report(
+            {"result": "failed", "step": "remove", "key": key, "message": "terminated by SIGTERM"}
+        )
+        return EXIT_TERMINATED
+    except OSError as exc:
+        console.out(f"error: removing {key}: {exc}")
+        report({"result": "failed", "step": "remove", "key": key, "message": str(exc)})
+        return EXIT_FAILED
+    report(
+        {
+            "result": "ok",
+            "key": key,
+            "removed": list(removal.removed[:_REMOVED_LISTED]),
+            "removedCount": len(removal.removed),
+            "alreadyRemoved": not removal.removed,
+            "seconds": round(removal.seconds, 1),
+        }
+    )
+    return EXIT_OK
 
 
 def _build(

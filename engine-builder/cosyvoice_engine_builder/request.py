@@ -111,9 +111,15 @@ def validate_gpu_arch(arch: str) -> str:
 
 
 # The oldest architecture each precision runs on (TensorRT-LLM's support matrix): bfloat16
-# needs Ampere tensor cores, FP8 needs Ada or Hopper. Checked before any download, so a
-# mismatch costs no GPU time (the operator refuses these pairs too).
-PRECISION_MIN_SM = {Precision.BFLOAT16: 80, Precision.FP8: 89}
+# needs Ampere tensor cores, FP8 needs Ada or Hopper; the weight-only modes run with
+# bfloat16 activations (see commands.py), so they need Ampere too. Checked before any
+# download, so a mismatch costs no GPU time (the operator refuses these pairs too).
+PRECISION_MIN_SM = {
+    Precision.BFLOAT16: 80,
+    Precision.INT8_WEIGHT_ONLY: 80,
+    Precision.INT4_WEIGHT_ONLY: 80,
+    Precision.FP8: 89,
+}
 
 
 def _check_precision_arch(precision: Precision, arch: str) -> None:

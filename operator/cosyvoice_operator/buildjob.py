@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,9 @@ class BuildSettings:
     service_account: str = ""
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
     image_pull_secrets: tuple[str, ...] = ()
+    # sizeLimit of the build pod's /tmp (HOME, HF_HOME): the root filesystem is read-only,
+    # and the kubelet evicts a pod whose scratch outgrows this, instead of filling the node.
+    scratch_size: str = "64Gi"
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,63 @@ def builder_args(identity: EngineIdentity) -> list[str]:
     ]
 
 
+# The Secret keys the builder reads, per model URI scheme (engine-builder/README.md): the
+# required ones make a missing Secret or key show in the build pod's own status (the kubelet
+# refuses to start the container: CreateContainerConfigError), the optional ones are passed
+# when present. A pvc:// model needs no credentials, so no key of the Secret is passed.
+CREDENTIAL_KEYS: Mapping[str, tuple[tuple[str, bool], ...]] = {
+    "hf": (("HF_TOKEN", True),),
+    "s3": (
+        ("AWS_ACCESS_KEY_ID", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("AWS_SESSION_TOKEN", False),
+        ("AWS_REGION", False),
+        ("AWS_ENDPOINT_URL", False),
+    ),
+    "pvc": (),
+}
+
+
+def credential_env(scheme: str, secret: str) -> list[dict[str, Any]]:
+    """The builder's environment entries taken from the credentials Secret.
+
+    Only the keys the builder reads for this scheme, one by one (never the whole Secret):
+    whatever else the Secret holds stays out of the pod. The operator never reads the
+    values; the kubelet resolves them when it starts the container.
+    """
+    if not secret:
+        return []
+    entries: list[dict[str, Any]] = []
+    for key, required in CREDENTIAL_KEYS[scheme]:
+        ref: dict[str, Any] = {"name": secret, "key": key}
+        if not required:
+            ref["optional"] = True
+        entries.append({"name": key, "valueFrom": {"secretKeyRef": ref}})
+    return entries
+
+
+def _container_security_context() -> dict[str, Any]:
+    """The restricted Pod Security Standard, and nothing written outside volumes."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _pod_security_context() -> dict[str, Any]:
+    # uid 1000: the builder image's user; fsGroup makes the cache claim writable for it.
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "fsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def render_job(
     target: EngineTarget,
     spec: ServiceSpec,
@@ -155,7 +216,7 @@ def render_job(
     }
     volumes: list[dict[str, Any]] = [
         {"name": "engines", "persistentVolumeClaim": {"claimName": claim_name}},
-        {"name": "scratch", "emptyDir": {}},
+        {"name": "scratch", "emptyDir": {"sizeLimit": settings.scratch_size}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "engines", "mountPath": CACHE_MOUNT},
@@ -174,8 +235,10 @@ def render_job(
         "args": builder_args(ident),
         "env": [
             {"name": "TERMINATION_MESSAGE_PATH", "value": "/dev/termination-log"},
+            # The root filesystem is read-only: everything a tool may write goes to /tmp.
             {"name": "HOME", "value": "/tmp"},
             {"name": "HF_HOME", "value": "/tmp/hf"},
+            *credential_env(spec.model.scheme, spec.model.credentials_secret),
         ],
         "resources": {
             "requests": {
@@ -192,17 +255,8 @@ def render_job(
         "terminationMessagePath": "/dev/termination-log",
         # A builder killed before it writes its message still leaves its last log lines.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "runAsNonRoot": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _container_security_context(),
     }
-    if spec.model.credentials_secret:
-        # The Secret's keys (HF_TOKEN, AWS_*) become the builder's environment; the operator
-        # never reads their values.
-        container["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         # On the pod, not the Job: a Job's deadline also counts the time its pod waits for
@@ -211,13 +265,7 @@ def render_job(
         "activeDeadlineSeconds": settings.active_deadline_seconds,
         "containers": [container],
         "volumes": volumes,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
-            "fsGroup": 1000,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _pod_security_context(),
         "affinity": {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -346,6 +394,114 @@ def render_record(
     }
 
 
+# ---- engine cleanup -------------------------------------------------------------------------
+
+CLEANUP_COMPONENT = "engine-cleanup"
+CLEANUP_CONTAINER = "cleanup"
+CLEANUP_BACKOFF_LIMIT = 3
+CLEANUP_DEADLINE_SECONDS = 600
+# The builder's `remove` accepts only a content key as the operator makes them.
+_CONTENT_KEY = re.compile(r"^[0-9a-f]{40}$")
+
+
+def cleanup_job_name(key: str, gpu_arch: str, cache: Cache) -> str:
+    """``cvs-engine-gc-sm90-<key prefix>-<claim tag>``: the build's base name, marked gc."""
+    return f"cvs-engine-gc-{gpu_arch.replace('_', '')}-{key[:20]}-{cache.tag}"
+
+
+def render_cleanup_job(
+    key: str,
+    gpu_arch: str,
+    builder_image: str,
+    namespace: str,
+    cache: Cache,
+    settings: BuildSettings,
+) -> dict[str, Any]:
+    """The Job that removes one engine (and its build leftovers) from a cache claim.
+
+    It runs the builder image's ``remove`` command, which takes the key's build lock first,
+    so it never removes an engine while a builder of the same key writes it. It needs no GPU
+    and may run on any node that can mount the claim (GPU nodes included, hence the
+    toleration of their usual taint).
+    """
+    if not _CONTENT_KEY.match(key):
+        raise ValueError(f"engine key {key!r} is not 40 lowercase hex digits")
+    labels = {
+        **COMPONENT_LABELS,
+        "app.kubernetes.io/component": CLEANUP_COMPONENT,
+        KEY_LABEL: key,
+        ARCH_LABEL: gpu_arch,
+        CLAIM_LABEL: cache.tag,
+    }
+    container: dict[str, Any] = {
+        "name": CLEANUP_CONTAINER,
+        "image": builder_image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["remove", "--key", key, "--cache-dir", CACHE_MOUNT],
+        "env": [{"name": "TERMINATION_MESSAGE_PATH", "value": "/dev/termination-log"}],
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"memory": "256Mi"},
+        },
+        "volumeMounts": [{"name": "engines", "mountPath": CACHE_MOUNT}],
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": _container_security_context(),
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "activeDeadlineSeconds": CLEANUP_DEADLINE_SECONDS,
+        "containers": [container],
+        "volumes": [{"name": "engines", "persistentVolumeClaim": {"claimName": cache.claim}}],
+        "securityContext": _pod_security_context(),
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "automountServiceAccountToken": False,
+    }
+    if settings.service_account:
+        pod_spec["serviceAccountName"] = settings.service_account
+    if settings.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
+    claim_annotations = {CLAIM_ANNOTATION: cache.claim, CLAIM_UID_ANNOTATION: cache.uid}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": cleanup_job_name(key, gpu_arch, cache),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": claim_annotations,
+        },
+        "spec": {
+            "backoffLimit": CLEANUP_BACKOFF_LIMIT,
+            "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
+            "podFailurePolicy": {
+                "rules": [
+                    # `remove` exits 2 for arguments a retry cannot fix.
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": CLEANUP_CONTAINER,
+                            "operator": "In",
+                            "values": [EXIT_CONFIG_ERROR],
+                        },
+                    },
+                    {
+                        "action": "Ignore",
+                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                    },
+                ]
+            },
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {**dict(settings.pod_annotations), **claim_annotations},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
 # ---- the state of one engine ---------------------------------------------------------------
 
 
@@ -423,6 +579,79 @@ def pending_reason(pods: Sequence[Mapping[str, Any]]) -> str:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
                 return str(cond.get("message") or cond.get("reason") or "")
     return ""
+
+
+# What the kubelet says when it cannot resolve a secretKeyRef (CreateContainerConfigError):
+# its secret manager's NotFound error, and its own text for a key the Secret lacks.
+_SECRET_NOT_FOUND = re.compile(r'\bsecrets? "(?P<name>[^"]+)" not found', re.IGNORECASE)
+_SECRET_KEY_MISSING = re.compile(
+    r"couldn't find key (?P<key>\S+) in Secret (?P<namespace>[^/\s]+)/(?P<name>[^\s:;,]+)",
+    re.IGNORECASE,
+)
+
+
+def _required_secret_keys(pod: Mapping[str, Any], container: str, secret: str) -> list[str]:
+    """The keys of ``secret`` that a container of the pod requires (not ``optional``)."""
+    keys: list[str] = []
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if c.get("name") != container:
+            continue
+        for env in c.get("env") or []:
+            ref = (env.get("valueFrom") or {}).get("secretKeyRef") or {}
+            if ref.get("name") == secret and not ref.get("optional") and ref.get("key"):
+                keys.append(str(ref["key"]))
+    return keys
+
+
+def credentials_problem(pods: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """(reason, message) when a build pod cannot start for its credentials Secret.
+
+    The build pod names only the keys the builder needs (``credential_env``), the required
+    ones without ``optional``, so the kubelet itself reports a missing Secret or key: the
+    container waits with reason CreateContainerConfigError. ``CredentialsSecretMissing`` is
+    a Secret that does not exist, ``CredentialsSecretInvalid`` one without a required key;
+    the message is the kubelet's, then what to do. Other CreateContainerConfigErrors (a
+    secret cache that has not synced yet, a ConfigMap) are not credentials problems: None.
+    """
+
+    def started(pod: Mapping[str, Any]) -> str:
+        return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+
+    for pod in sorted(pods, key=started, reverse=True):
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        status = pod.get("status") or {}
+        for cs in [
+            *(status.get("initContainerStatuses") or []),
+            *(status.get("containerStatuses") or []),
+        ]:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") != "CreateContainerConfigError":
+                continue
+            text = str(waiting.get("message") or "").strip()
+            missing_key = _SECRET_KEY_MISSING.search(text)
+            if missing_key:
+                key, name = missing_key.group("key"), missing_key.group("name")
+                ns = missing_key.group("namespace")
+                return (
+                    "CredentialsSecretInvalid",
+                    f"{text}. Add the key {key} to the Secret {ns}/{name} "
+                    "(spec.model.credentialsSecret); the build pod waits and starts once "
+                    "the key is there.",
+                )
+            not_found = _SECRET_NOT_FOUND.search(text)
+            if not_found:
+                name = not_found.group("name")
+                keys = _required_secret_keys(pod, str(cs.get("name") or ""), name)
+                where = f"{namespace}/{name}" if namespace else name
+                with_keys = f" with the key{'s' if len(keys) > 1 else ''} {', '.join(keys)}"
+                return (
+                    "CredentialsSecretMissing",
+                    f"{text}. Create the Secret {where}{with_keys if keys else ''} "
+                    "(spec.model.credentialsSecret), or name an existing Secret there; the "
+                    "build pod waits and starts once it exists.",
+                )
+    return None
 
 
 def assess(

@@ -32,6 +32,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from .peering import random_priority
 
+    problem = _preflight()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     namespaces = args.namespace or []
     handlers.SERVED_NAMESPACES = tuple(namespaces)
     priority = None
@@ -51,6 +55,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
         liveness_endpoint=args.liveness,
     )
     return 0
+
+
+def _preflight() -> str | None:
+    """Load the credentials and reach the API server once, before kopf starts: a bad
+    kubeconfig or an API server that does not answer is one line and an exit, not a
+    traceback a minute."""
+    import asyncio
+
+    from .kube import ConnectError, Kube
+
+    async def check() -> None:
+        kube = await Kube.connect(attempts=int(os.environ.get("COSYVOICE_CONNECT_ATTEMPTS", "5")))
+        await kube.close()
+
+    try:
+        asyncio.run(check())
+    except ConnectError as exc:
+        return str(exc)
+    return None
 
 
 def _cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]

@@ -38,8 +38,14 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
 @dataclass(frozen=True)
 class OperatorConfig:
     build: BuildSettings = field(default_factory=BuildSettings)
-    # How often every service is re-examined (engine Jobs progress without touching the service).
-    resync_seconds: float = 10.0
+    # Image prefixes services may name for the builder and serving images (empty: any).
+    allowed_image_prefixes: tuple[str, ...] = ()
+    # How long an engine no service references is kept before it is removed.
+    engine_retention_seconds: float = 7 * 24 * 3600.0
+    # How long a build Job no service asks for any more may run on before it is deleted.
+    superseded_grace_seconds: float = 30.0
+    # Reconciles run at once (each service by one at a time).
+    workers: int = 4
     prometheus_url: str = ""
     # With kopf peering: how long a replica that stopped touching the peering object is
     # still taken for alive (kopf's lifetime); a standby takes over after it.
@@ -61,7 +67,20 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
     ):
         raise ConfigError("COSYVOICE_BUILD_POD_ANNOTATIONS: expected a JSON object of strings")
     pull = tuple(s for s in env.get("COSYVOICE_IMAGE_PULL_SECRETS", "").split(",") if s)
-    resync = max(1.0, _float(env, "COSYVOICE_RESYNC_SECONDS", 10.0))
+    prefixes = tuple(
+        p.strip() for p in env.get("COSYVOICE_ALLOWED_IMAGE_PREFIXES", "").split(",") if p.strip()
+    )
+    for prefix in prefixes:
+        if not prefix.endswith(("/", ":", "@")):
+            raise ConfigError(
+                f"COSYVOICE_ALLOWED_IMAGE_PREFIXES: {prefix!r} must end with '/', ':' or '@' "
+                f"(else {prefix + '-evil/...'!r} would be allowed too)"
+            )
+    retention = _float(env, "COSYVOICE_ENGINE_RETENTION_SECONDS", 7 * 24 * 3600.0)
+    grace = _float(env, "COSYVOICE_SUPERSEDED_GRACE_SECONDS", 30.0)
+    workers = _int(env, "COSYVOICE_WORKERS", 4)
+    if workers < 1:
+        raise ConfigError("COSYVOICE_WORKERS: at least 1")
     lifetime = _int(env, "COSYVOICE_PEERING_LIFETIME_SECONDS", 60)
     if lifetime < 10:
         # kopf renews its entry 5 to 10 s before it lapses: a shorter lifetime would let
@@ -80,14 +99,14 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
     max_attempts = max(1, _int(env, "COSYVOICE_BUILD_MAX_ATTEMPTS", defaults.max_attempts))
     retry_base = _float(env, "COSYVOICE_BUILD_RETRY_BASE_SECONDS", defaults.retry_base_seconds)
     # A finished Job is what the operator counts attempts and backoff from: it must outlive
-    # the longest wait before a retry (and a few resyncs to be seen), or the count starts
-    # over and a failing build is retried forever.
+    # the longest wait before a retry (and half a minute more, for a busy operator to act),
+    # or the count starts over and a failing build is retried forever.
     longest_wait = retry_base * 2 ** (max_attempts - 2) if max_attempts > 1 else 0
-    min_ttl = max(60, math.ceil(longest_wait + 3 * resync))
+    min_ttl = max(60, math.ceil(longest_wait + 30))
     if ttl < min_ttl:
         raise ConfigError(
             f"COSYVOICE_BUILD_TTL_SECONDS={env.get('COSYVOICE_BUILD_TTL_SECONDS')!r}: must be at "
-            f"least {min_ttl} (60 s, and the longest retry wait plus 3 resync periods), or a "
+            f"least {min_ttl} (60 s, and the longest retry wait plus 30 s), or a "
             "finished build Job may be deleted before the operator records or retries it"
         )
     build = BuildSettings(
@@ -100,10 +119,19 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
         service_account=env.get("COSYVOICE_BUILD_SERVICE_ACCOUNT", ""),
         pod_annotations=annotations,
         image_pull_secrets=pull,
+        scratch_size=env.get("COSYVOICE_BUILD_SCRATCH_SIZE") or defaults.scratch_size,
     )
+    if prefixes and not build.default_builder_image.startswith(prefixes):
+        raise ConfigError(
+            f"COSYVOICE_BUILDER_IMAGE={build.default_builder_image!r} is not under "
+            f"COSYVOICE_ALLOWED_IMAGE_PREFIXES ({', '.join(prefixes)})"
+        )
     return OperatorConfig(
         build=build,
-        resync_seconds=resync,
+        allowed_image_prefixes=prefixes,
+        engine_retention_seconds=retention,
+        superseded_grace_seconds=grace,
+        workers=workers,
         prometheus_url=env.get("COSYVOICE_PROMETHEUS_URL", ""),
         peering_lifetime_seconds=lifetime,
     )

@@ -55,9 +55,15 @@ _FAMILY_ARCH: dict[str, str] = {
 }
 
 # The oldest architecture each precision runs on (TensorRT-LLM's support matrix): bfloat16
-# needs Ampere (sm_80) tensor cores, FP8 needs Ada (sm_89) or Hopper. float16 and the
-# weight-only modes run on every architecture of the table above.
-PRECISION_MIN_SM: dict[str, int] = {"bfloat16": 80, "fp8": 89}
+# needs Ampere (sm_80) tensor cores, FP8 needs Ada (sm_89) or Hopper. The weight-only modes
+# (int8/int4 weights) run with bfloat16 activations in the builder, so they need sm_80 too.
+# float16 runs on every architecture of the table above.
+PRECISION_MIN_SM: dict[str, int] = {
+    "bfloat16": 80,
+    "int8-weight-only": 80,
+    "int4-weight-only": 80,
+    "fp8": 89,
+}
 
 _PREFIXES = ("NVIDIA-", "Tesla-", "NVIDIA-Tesla-", "NVIDIA-GeForce-")
 

@@ -1,133 +1,301 @@
-"""The few Kubernetes reads and writes the operator makes, on the ``kubernetes.aio`` client.
+"""The operator's HTTP conversation with the API server, on the ``kubernetes.aio`` client.
 
-Everything returns plain dicts in the API's own JSON shape, so the pure core never sees a
-client model class.
+Every request goes through :meth:`Kube.request`: plain JSON in, plain JSON out (the API's
+own shape, so the pure core never sees a generated model class, and nothing is spent
+converting thousands of watched objects into them). The same place counts requests by
+verb and resource, which the tests and benchmarks compare with the API server's own
+``apiserver_request_total``.
+
+The generated client still does what it is good at: loading the kubeconfig or the
+in-cluster configuration, TLS, and authentication.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import datetime as dt
 import json
 import logging
 import socket
-from collections.abc import Awaitable, Mapping
+import urllib.parse
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from kubernetes.aio import client, config
-from kubernetes.aio.client.exceptions import ApiException
-
-from . import peering
 
 log = logging.getLogger(__name__)
 COMPONENT = "cosyvoice-operator"
 
 
-async def _unless_missing(request: Awaitable[Any]) -> Any | None:
-    """The response, or None when the object does not exist (404); other errors raise."""
-    try:
-        return await request
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+class KubeError(Exception):
+    """A request the API server refused (or could not be made); ``status`` 0 when no answer."""
+
+    def __init__(self, status: int, reason: str, message: str, verb: str, path: str) -> None:
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.verb = verb
+        self.path = path
+        super().__init__(f"{verb} {path}: {status} {reason}: {message}".rstrip(": "))
+
+    @property
+    def api_message(self) -> str:
+        """The API server's own words, as users should read them."""
+        return f"{self.status} {self.reason}: {self.message}".strip().rstrip(":")
 
 
-def api_error(exc: ApiException) -> str:
-    """The API server's own words for a refused request (its Status message)."""
+class ConnectError(Exception):
+    """The API server cannot be reached or the credentials cannot be loaded (one clear line)."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A resource the operator reads or writes, by URL path."""
+
+    group_version: str  # "v1", "batch/v1", "tts.cosyvoice.dev/v1alpha1"
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        prefix = "/api/v1" if self.group_version == "v1" else f"/apis/{self.group_version}"
+        if self.namespaced and namespace:
+            prefix += f"/namespaces/{urllib.parse.quote(namespace, safe='')}"
+        path = f"{prefix}/{self.plural}"
+        if name:
+            path += f"/{urllib.parse.quote(name, safe='')}"
+        return path
+
+
+SERVICES = Kind("tts.cosyvoice.dev/v1alpha1", "cosyvoiceservices")
+JOBS = Kind("batch/v1", "jobs")
+CONFIG_MAPS = Kind("v1", "configmaps")
+PODS = Kind("v1", "pods")
+CLAIMS = Kind("v1", "persistentvolumeclaims")
+NODES = Kind("v1", "nodes", namespaced=False)
+EVENTS = Kind("v1", "events")
+CLUSTER_PEERINGS = Kind("kopf.dev/v1", "clusterkopfpeerings", namespaced=False)
+PEERINGS = Kind("kopf.dev/v1", "kopfpeerings")
+KINDS_BY_OBJECT = {
+    ("batch/v1", "Job"): JOBS,
+    ("v1", "ConfigMap"): CONFIG_MAPS,
+}
+
+
+def _message(body: bytes) -> str:
     try:
-        message = json.loads(exc.body or "{}").get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return f"{exc.status} {exc.reason}: {message or exc.body or ''}".strip().rstrip(":")
+        data = json.loads(body or b"{}")
+    except ValueError:
+        return body.decode(errors="replace")[:500]
+    if isinstance(data, dict) and data.get("message"):
+        return str(data["message"])
+    return body.decode(errors="replace")[:500]
+
+
+def resource_of(path: str) -> str:
+    """`jobs`, `cosyvoiceservices/status`, ... of a request path, as the API server's
+    request metrics name them (resource and subresource)."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    if not parts or parts[0] not in ("api", "apis"):
+        return path
+    rest = parts[2:] if parts[0] == "api" else parts[3:]
+    if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    if not rest:
+        return ""
+    resource = rest[0]
+    return f"{resource}/{rest[2]}" if len(rest) >= 3 else resource
 
 
 class Kube:
-    """A thin, typed facade over the generated async API classes."""
+    """Requests to one API server, with their counts."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
-        self.core = client.CoreV1Api(api)
-        self.batch = client.BatchV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
+        self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
 
     @classmethod
-    async def connect(cls) -> Kube:
+    async def connect(cls, attempts: int = 5, delay: float = 2.0) -> Kube:
+        """Load the in-cluster configuration or the kubeconfig, then prove the API server
+        answers (``/version``), retrying a few times; a ConnectError says what and where."""
+        where = "in-cluster service account"
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            await config.load_kube_config()
-        return cls(client.ApiClient())
+            import os
+
+            where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+            try:
+                await config.load_kube_config()
+            except Exception as exc:  # the loader raises several unrelated types
+                raise ConnectError(
+                    f"cannot load the kubeconfig {where}: {exc}. Set KUBECONFIG to a readable "
+                    "kubeconfig, or run the operator in a pod with a service account."
+                ) from None
+        kube = cls(client.ApiClient())
+        host = kube.api.configuration.host
+        last = ""
+        for attempt in range(1, attempts + 1):
+            try:
+                await kube.request("GET", "/version", limit=10)
+                return kube
+            except KubeError as exc:
+                if exc.status in (401, 403):
+                    await kube.close()
+                    raise ConnectError(
+                        f"the API server at {host} refused the credentials from {where}: "
+                        f"{exc.api_message}"
+                    ) from None
+                last = exc.api_message
+            if attempt < attempts:
+                log.warning(
+                    "API server at %s not answering (%s); try %d/%d", host, last, attempt, attempts
+                )
+                await asyncio.sleep(delay * attempt)
+        await kube.close()
+        raise ConnectError(
+            f"the API server at {host} (from {where}) did not answer after {attempts} tries: "
+            f"{last}. Check that it runs and that the kubeconfig points at it."
+        )
 
     async def close(self) -> None:
         await self.api.close()
 
-    def _plain(self, obj: Any) -> Any:
-        return self.api.sanitize_for_serialization(obj)
-
-    async def list_services(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
-        """CosyVoiceServices of the given namespaces (all namespaces when empty)."""
-        args = ("tts.cosyvoice.dev", "v1alpha1")
-        if not namespaces:
-            found: Any = await self.custom.list_cluster_custom_object(*args, "cosyvoiceservices")
-            return list(found.get("items") or [])
-        items: list[dict[str, Any]] = []
-        for ns in namespaces:
-            page: Any = await self.custom.list_namespaced_custom_object(
-                *args, ns, "cosyvoiceservices"
+    def _url(self, path: str, query: Mapping[str, Any] | None) -> str:
+        url = str(self.api.configuration.host) + path
+        if query:
+            url += "?" + urllib.parse.urlencode(
+                {k: str(v).lower() if isinstance(v, bool) else v for k, v in query.items()}
             )
-            items.extend(page.get("items") or [])
-        return items
+        return url
 
-    async def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
-        found = await _unless_missing(
-            self.custom.get_namespaced_custom_object(
-                "tts.cosyvoice.dev", "v1alpha1", namespace, "cosyvoiceservices", name
-            )
+    async def _send(
+        self,
+        verb: str,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        limit: float | aiohttp.ClientTimeout | None = 60,
+    ) -> Any:
+        """The raw response (an open aiohttp response) of one request."""
+        headers: dict[str, str] = {"Accept": "application/json", "Content-Type": content_type}
+        headers.update(self.api.default_headers)
+        query_params: list[tuple[str, str]] = []
+        await self.api.update_params_for_auth(
+            headers, query_params, ["BearerToken"], path, verb, body
         )
-        return None if found is None else dict(found)
-
-    async def peering_statuses(
-        self, name: str, namespaces: tuple[str, ...]
-    ) -> list[dict[str, Any] | None]:
-        """The status of kopf's peering object `name`: the cluster-wide one when no namespace
-        is served, else the one in each served namespace; None for one that does not exist.
-        (Listed, not read by name: the chart grants kopf's list/watch/patch, no more.)"""
-        group, version = peering.GROUP, peering.VERSION
-        pages: list[Any] = []
-        if not namespaces:
-            pages.append(
-                await self.custom.list_cluster_custom_object(group, version, peering.CLUSTER_PLURAL)
-            )
-        for ns in namespaces:
-            pages.append(
-                await self.custom.list_namespaced_custom_object(
-                    group, version, ns, peering.NAMESPACED_PLURAL
-                )
-            )
-        found: list[dict[str, Any] | None] = []
-        for page in pages:
-            named = [
-                item
-                for item in page.get("items") or []
-                if (item.get("metadata") or {}).get("name") == name
-            ]
-            found.append(dict(named[0].get("status") or {}) if named else None)
-        return found
-
-    async def patch_service_status(
-        self, namespace: str, name: str, changes: dict[str, Any], resource_version: str = ""
-    ) -> bool:
-        """Merge-patch the status; with `resource_version`, only if the object is still at
-        that version (False, and nothing written, if it changed meanwhile)."""
-        body: dict[str, Any] = {"status": changes}
-        if resource_version:
-            body["metadata"] = {"resourceVersion": resource_version}
+        resource = resource_of(path)
+        self.requests[(verb if not (query or {}).get("watch") else "WATCH", resource)] += 1
+        if isinstance(limit, (int, float)):
+            limit = aiohttp.ClientTimeout(total=limit)
         try:
-            await self.custom.patch_namespaced_custom_object_status(
-                "tts.cosyvoice.dev", "v1alpha1", namespace, "cosyvoiceservices", name, body
+            response = await self.api.rest_client.request(
+                verb,
+                self._url(path, query),
+                headers=headers,
+                body=body,
+                _request_timeout=limit,
             )
-        except ApiException as exc:
-            if exc.status == 409 and resource_version:
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise KubeError(0, type(exc).__name__, str(exc), verb, path) from None
+        return response.response
+
+    async def request(
+        self,
+        verb: str,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        limit: float = 60,
+    ) -> Any:
+        """One request; the decoded JSON answer. A KubeError for a status >= 400."""
+        raw = await self._send(verb, path, query, body, content_type, limit)
+        try:
+            data = await raw.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise KubeError(0, type(exc).__name__, str(exc), verb, path) from None
+        finally:
+            raw.release()
+        if raw.status >= 400:
+            raise KubeError(raw.status, raw.reason or "", _message(data), verb, path)
+        return json.loads(data) if data else None
+
+    async def watch_lines(
+        self, path: str, query: Mapping[str, Any], server_seconds: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The events of one watch request, decoded, until the server ends it."""
+        raw = await self._send(
+            "GET",
+            path,
+            query,
+            limit=aiohttp.ClientTimeout(total=None, sock_connect=15, sock_read=server_seconds + 30),
+        )
+        try:
+            if raw.status >= 400:
+                data = await raw.read()
+                raise KubeError(raw.status, raw.reason or "", _message(data), "WATCH", path)
+            buffer = b""
+            async for chunk in raw.content.iter_any():
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise KubeError(0, type(exc).__name__, str(exc), "WATCH", path) from None
+        finally:
+            raw.release()
+
+    # ---- the writes of the operator -------------------------------------------------------
+
+    async def create(self, body: Mapping[str, Any]) -> bool:
+        """Create the object; False (and no error) when one of that name already exists."""
+        kind = KINDS_BY_OBJECT[(body["apiVersion"], body["kind"])]
+        try:
+            await self.request("POST", kind.path(body["metadata"]["namespace"]), body=body)
+        except KubeError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    async def delete(self, kind: Kind, namespace: str, name: str, uid: str) -> bool:
+        """Delete the object of that uid (not a namesake made since); False if already gone."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": "Background",
+            "preconditions": {"uid": uid},
+        }
+        try:
+            await self.request("DELETE", kind.path(namespace, name), body=body)
+        except KubeError as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def merge_patch(
+        self,
+        kind: Kind,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+        subresource: str = "",
+    ) -> bool:
+        """A JSON merge patch; False when the object is gone or, with a resourceVersion in the
+        patch, changed meanwhile (nothing is written then)."""
+        path = kind.path(namespace, name) + (f"/{subresource}" if subresource else "")
+        try:
+            await self.request(
+                "PATCH", path, body=dict(patch), content_type="application/merge-patch+json"
+            )
+        except KubeError as exc:
+            if exc.status in (404, 409):
                 return False
             raise
         return True
@@ -163,55 +331,10 @@ class Kube:
             "lastTimestamp": now,
             "count": 1,
         }
-        (log.warning if kind == "Warning" else log.info)("%s: %s", reason, message)
+        (log.warning if kind == "Warning" else log.info)(
+            "%s/%s %s: %s", meta.get("namespace"), meta.get("name"), reason, message
+        )
         try:
-            await self.core.create_namespaced_event(meta.get("namespace"), body)  # type: ignore[arg-type]
+            await self.request("POST", EVENTS.path(str(meta.get("namespace"))), body=body)
         except Exception:
             log.exception("could not post the event %s", reason)
-
-    async def list_nodes(self) -> list[dict[str, Any]]:
-        result = await self.core.list_node()
-        return list(self._plain(result).get("items") or [])
-
-    async def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        result = await self.batch.list_namespaced_job(namespace, label_selector=selector)
-        return list(self._plain(result).get("items") or [])
-
-    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        result = await self.core.list_namespaced_pod(namespace, label_selector=selector)
-        return list(self._plain(result).get("items") or [])
-
-    async def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
-        found = await _unless_missing(self.core.read_namespaced_config_map(name, namespace))
-        return None if found is None else dict(self._plain(found))
-
-    async def claim_uid(self, namespace: str, name: str) -> str | None:
-        """The uid of a PersistentVolumeClaim, or None when there is none of that name."""
-        claim = await _unless_missing(
-            self.core.read_namespaced_persistent_volume_claim(name, namespace)
-        )
-        return None if claim is None else str(self._plain(claim)["metadata"]["uid"])
-
-    async def secret_exists(self, namespace: str, name: str) -> bool:
-        # Only the status matters: the operator never looks at a Secret's data.
-        found = await _unless_missing(
-            self.core.read_namespaced_secret_with_http_info(name, namespace)
-        )
-        return found is not None
-
-    async def create_if_absent(self, body: dict[str, Any]) -> bool:
-        """Create the object; False (and no error) when one of that name already exists."""
-        namespace = body["metadata"]["namespace"]
-        try:
-            if body["kind"] == "Job":
-                # The generated client serializes the JSON form as it is.
-                await self.batch.create_namespaced_job(namespace, body)  # type: ignore[arg-type]
-            elif body["kind"] == "ConfigMap":
-                await self.core.create_namespaced_config_map(namespace, body)  # type: ignore[arg-type]
-            else:
-                raise ValueError(f"create_if_absent: unsupported kind {body['kind']}")
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise
-        return True

@@ -85,3 +85,15 @@ def test_fp8_on_ampere_fails_before_any_work(builder: Builder) -> None:
     assert result.termination is not None
     assert "needs sm_89 or newer" in result.termination["message"]
     assert builder.calls() == []
+
+
+@pytest.mark.parametrize("precision", ["int8-weight-only", "int4-weight-only"])
+def test_weight_only_on_turing_fails_before_any_work(builder: Builder, precision: str) -> None:
+    # A Tesla T4 (sm_75): the weight-only modes run with bfloat16 activations.
+    result = builder.build(precision=precision, gpu_arch="sm_75")
+    assert result.code == 2
+    assert result.termination is not None
+    assert result.termination["step"] == "arguments"
+    assert f"--precision {precision} needs sm_80 or newer" in result.termination["message"]
+    assert builder.calls() == []
+    assert not (builder.cache / ".work").exists()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,7 +19,6 @@ from tests.conftest import Cluster
 T = TypeVar("T")
 
 FAST_SETTINGS = {
-    "COSYVOICE_RESYNC_SECONDS": "1",
     "COSYVOICE_BUILD_RETRY_BASE_SECONDS": "2",
     "COSYVOICE_BUILD_MAX_ATTEMPTS": "3",
     "COSYVOICE_BUILD_BACKOFF_LIMIT": "0",
@@ -41,11 +42,25 @@ class OperatorProcess:
         self.env = {**cluster.env, **FAST_SETTINGS, **env}
         self.log_path = log_dir / f"operator-{namespace}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.liveness_port: int | None = None
 
-    def start(self) -> OperatorProcess:
+    def start(self, liveness_port: int | None = None) -> OperatorProcess:
         log = self.log_path.open("ab")
+        extra: list[str] = []
+        self.liveness_port = liveness_port
+        if liveness_port is not None:
+            extra = ["--liveness", f"http://127.0.0.1:{liveness_port}/healthz"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cosyvoice_operator", "run", "-n", self.namespace, *self.args],
+            [
+                sys.executable,
+                "-m",
+                "cosyvoice_operator",
+                "run",
+                "-n",
+                self.namespace,
+                *self.args,
+                *extra,
+            ],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -65,6 +80,23 @@ class OperatorProcess:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+    def health(self) -> dict[str, Any] | None:
+        """The liveness endpoint's answer (the control loop's own report), or None."""
+        assert self.liveness_port is not None, "started without a liveness port"
+        url = f"http://127.0.0.1:{self.liveness_port}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=3) as r:
+                found: dict[str, Any] = json.loads(r.read())
+                return found
+        except (OSError, ValueError):
+            return None
+
+    def loop(self) -> dict[str, Any]:
+        """The control loop's report (requests made, passes, queue), waiting for it."""
+        return wait_for(
+            "the control loop's report", lambda: (self.health() or {}).get("controlLoop")
+        )
 
     def log(self, whole: bool = False) -> str:
         try:
@@ -119,6 +151,13 @@ def cache_claim(name: str = "cosyvoice-engines") -> str:
             },
         }
     )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def env_flag(name: str) -> bool:

@@ -1,11 +1,14 @@
-"""The Helm chart: it lints and renders, it installs and uninstalls on a real control plane, and
-its RBAC is both enough and no more than enough.
+"""The Helm chart: it lints and renders, it installs and uninstalls on a real control plane, its
+RBAC is both enough and no more than enough, and its image allowlist is enforced by the API
+server.
 
 Enough is shown for real: there is no kubelet here (kwok plays the pods), so the operator runs
 as a local process that authenticates with a token of the chart's ServiceAccount, and must take
 a service to EngineReady without a single Forbidden. No more than enough: the rendered rules
-are compared with the list of calls the operator makes, and `kubectl auth can-i --as` checks
-what the ServiceAccount may not do.
+are compared with the list of calls the operator makes, the API server's own account of what
+the ServiceAccount may do (a SelfSubjectRulesReview) is compared with the same list, and
+`kubectl auth can-i --as` checks what it may and may not do (never a Secret, never a pod
+created).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,27 +36,31 @@ L20 = {"nvidia.com/gpu.product": "NVIDIA-L20"}
 
 Rule = tuple[str, str, frozenset[str]]  # (apiGroup, resource, verbs)
 
-# What the operator (operator/cosyvoice_operator/kube.py, handlers.py) and kopf call, rule by
-# rule. A change to the chart's RBAC must show up here as a readable diff. kopf lists, watches
-# and patches (never get/update/delete) and posts core/v1 Events; the operator gets a few objects
-# by name, lists, creates, and patches status.
+# What the operator (operator/cosyvoice_operator/kube.py) and kopf call, rule by rule. A change
+# to the chart's RBAC must show up here as a readable diff. The operator observes everything
+# through list+watch informers (never a get), creates, deletes and patches what it owns, patches
+# services' status only, posts core/v1 Events, and reads no Secret at all; kopf lists and
+# watches CRDs (and namespaces and its peering objects, below).
 NAMESPACED_RULES: set[Rule] = {
-    ("tts.cosyvoice.dev", "cosyvoiceservices", frozenset({"get", "list", "watch", "patch"})),
+    ("tts.cosyvoice.dev", "cosyvoiceservices", frozenset({"list", "watch"})),
     ("tts.cosyvoice.dev", "cosyvoiceservices/status", frozenset({"patch"})),
     ("", "events", frozenset({"create"})),
-    ("batch", "jobs", frozenset({"list", "create"})),
-    ("", "pods", frozenset({"list"})),
-    ("", "configmaps", frozenset({"get", "create"})),
-    ("", "persistentvolumeclaims", frozenset({"get"})),
-    ("", "secrets", frozenset({"get"})),
+    ("batch", "jobs", frozenset({"list", "watch", "create", "delete"})),
+    ("", "pods", frozenset({"list", "watch"})),
+    ("", "configmaps", frozenset({"list", "watch", "create", "patch", "delete"})),
+    ("", "persistentvolumeclaims", frozenset({"list", "watch"})),
 }
 CLUSTER_RULES: set[Rule] = {
-    ("", "nodes", frozenset({"list"})),
+    ("", "nodes", frozenset({"list", "watch"})),
     ("apiextensions.k8s.io", "customresourcedefinitions", frozenset({"list", "watch"})),
 }
 # kopf follows the namespaces it serves only when it serves named ones.
 NAMESPACES_RULE: Rule = ("", "namespaces", frozenset({"list", "watch"}))
 PEERING_VERBS = frozenset({"list", "watch", "patch"})
+
+# imagePolicy.allowedPrefixes by default, and as the operator gets them.
+DEFAULT_PREFIXES = ["ghcr.io/cosyvoice-operator/", "nvcr.io/nvidia/"]
+DEFAULT_PREFIXES_ENV = "ghcr.io/cosyvoice-operator/,nvcr.io/nvidia/"
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -141,8 +147,9 @@ def test_chart_crds_are_byte_copies_of_the_top_level_crds() -> None:
         ('watchNamespaces=["tts-a","tts-b"]',),
         ('peering={"enabled":true}', "replicaCount=2"),
         ('watchNamespaces=["tts-a"]', 'peering={"enabled":true}'),
+        ('imagePolicy={"enabled":false}',),
     ],
-    ids=["defaults", "namespaced", "peering", "namespaced-peering"],
+    ids=["defaults", "namespaced", "peering", "namespaced-peering", "no-image-policy"],
 )
 def test_lint_and_template(helm: Path, values: tuple[str, ...]) -> None:
     sets = [a for v in values for a in ("--set-json", v)]
@@ -159,6 +166,11 @@ def test_lint_and_template(helm: Path, values: tuple[str, ...]) -> None:
     # The operator serves no metrics (they come with the autoscaling work): no scrape target,
     # no metrics port, nothing a Prometheus could be pointed at in vain.
     assert not kinds & {"ServiceMonitor", "PodMonitor", "Service"}
+    policy_kinds = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    if 'imagePolicy={"enabled":false}' in values:
+        assert not kinds & policy_kinds
+    else:
+        assert policy_kinds <= kinds
     [deployment] = of_kind(docs, "Deployment")
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     assert [port["name"] for port in container["ports"]] == ["health"]
@@ -190,8 +202,10 @@ def test_default_render_is_one_least_privilege_cluster_role(helm: Path) -> None:
     assert sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"]["drop"] == ["ALL"]
     assert sc["seccompProfile"]["type"] == "RuntimeDefault"
-    # Unset settings leave the operator's defaults alone.
-    assert not any(name.startswith("COSYVOICE_") for name in env_of(docs))
+    # Unset settings leave the operator's defaults alone; only the image allowlist is passed.
+    assert {k: v for k, v in env_of(docs).items() if k.startswith("COSYVOICE_")} == {
+        "COSYVOICE_ALLOWED_IMAGE_PREFIXES": DEFAULT_PREFIXES_ENV
+    }
 
 
 def test_watch_namespaces_render_roles_per_namespace(helm: Path) -> None:
@@ -256,13 +270,17 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
                 "buildServiceAccount": "builder",
                 "buildPodAnnotations": {"example.com/team": "tts"},
                 "imagePullSecrets": ["regcred", "other"],
-                "resyncSeconds": 5,
+                "buildScratchSize": "100Gi",
+                "engineRetentionSeconds": 86400,
+                "supersededGraceSeconds": 5,
+                "workers": 8,
                 "peeringLifetimeSeconds": 20,
                 "prometheusUrl": "http://prometheus:9090",
             }
         ),
         'nodeSelector={"role":"ops"}',
         'tolerations=[{"key":"ops","operator":"Exists"}]',
+        'imagePolicy={"allowedPrefixes":["registry.example/","nvcr.io/nvidia/tritonserver:"]}',
     )
     env = env_of(docs)
     assert {k: v for k, v in env.items() if k.startswith("COSYVOICE_")} == {
@@ -275,9 +293,13 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
         "COSYVOICE_BUILD_SERVICE_ACCOUNT": "builder",
         "COSYVOICE_BUILD_POD_ANNOTATIONS": '{"example.com/team":"tts"}',
         "COSYVOICE_IMAGE_PULL_SECRETS": "regcred,other",
-        "COSYVOICE_RESYNC_SECONDS": "5",
+        "COSYVOICE_BUILD_SCRATCH_SIZE": "100Gi",
+        "COSYVOICE_ENGINE_RETENTION_SECONDS": "86400",
+        "COSYVOICE_SUPERSEDED_GRACE_SECONDS": "5",
+        "COSYVOICE_WORKERS": "8",
         "COSYVOICE_PEERING_LIFETIME_SECONDS": "20",
         "COSYVOICE_PROMETHEUS_URL": "http://prometheus:9090",
+        "COSYVOICE_ALLOWED_IMAGE_PREFIXES": "registry.example/,nvcr.io/nvidia/tritonserver:",
     }
     # And the operator accepts them as they are.
     from cosyvoice_operator import config
@@ -291,6 +313,118 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
     pod = deployment["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"role": "ops"}
     assert pod["tolerations"] == [{"key": "ops", "operator": "Exists"}]
+
+
+def cel_prefixes(policy: dict[str, Any]) -> list[str]:
+    """The prefixes embedded in the policy's CEL (a JSON list is a CEL list of strings)."""
+    [variable] = [v for v in policy["spec"]["variables"] if v["name"] == "allowedPrefixes"]
+    found = json.loads(variable["expression"])
+    assert isinstance(found, list)
+    return [str(p) for p in found]
+
+
+def test_image_policy_renders_an_admission_policy_and_its_binding(helm: Path) -> None:
+    docs = render(helm)
+    [policy] = of_kind(docs, "ValidatingAdmissionPolicy")
+    [binding] = of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["tts.cosyvoice.dev"],
+            "apiVersions": ["v1alpha1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["cosyvoiceservices"],
+        }
+    ]
+    assert cel_prefixes(policy) == DEFAULT_PREFIXES
+    # Every field the CEL reads is guarded with has(), and each validation names its field.
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    for name, field in (
+        ("builderImage", "object.spec.engine.builderImage"),
+        ("servingImage", "object.spec.serving.image"),
+    ):
+        expression = variables[name]
+        for part in ("object.spec", field.rsplit(".", 1)[0], field):
+            assert f"has({part})" in expression, (name, part, expression)
+    messages = [v["messageExpression"] for v in spec["validations"]]
+    assert any("spec.engine.builderImage" in m for m in messages)
+    assert any("spec.serving.image" in m for m in messages)
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    # Serving every namespace, the binding covers every namespace.
+    assert "matchResources" not in binding["spec"]
+
+
+def test_image_policy_binding_is_scoped_to_the_served_namespaces(helm: Path) -> None:
+    docs = render(helm, 'watchNamespaces=["tts-a","tts-b"]')
+    [binding] = of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["matchResources"] == {
+        "namespaceSelector": {
+            "matchExpressions": [
+                {
+                    "key": "kubernetes.io/metadata.name",
+                    "operator": "In",
+                    "values": ["tts-a", "tts-b"],
+                }
+            ]
+        }
+    }
+
+
+def test_image_policy_prefixes_are_quoted_safely(helm: Path) -> None:
+    # Characters that mean something in YAML, CEL or JSON reach the CEL list as they are.
+    odd = ['registry.example/a"b\\c/', "registry.example/x'||true||'/", "r.example/#:"]
+    docs = render(helm, "imagePolicy=" + json.dumps({"allowedPrefixes": odd}))
+    [policy] = of_kind(docs, "ValidatingAdmissionPolicy")
+    assert cel_prefixes(policy) == odd
+    assert env_of(docs)["COSYVOICE_ALLOWED_IMAGE_PREFIXES"] == ",".join(odd)
+
+
+def test_image_policy_disabled_renders_no_policy_and_no_allowlist(helm: Path) -> None:
+    docs = render(helm, 'imagePolicy={"enabled":false,"allowedPrefixes":[]}')
+    assert not of_kind(docs, "ValidatingAdmissionPolicy")
+    assert not of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    assert "COSYVOICE_ALLOWED_IMAGE_PREFIXES" not in env_of(docs)
+
+
+@pytest.mark.parametrize(
+    ("prefixes", "message"),
+    [
+        (["ghcr.io/cosy"], 'imagePolicy.allowedPrefixes: "ghcr.io/cosy" must end in "/", ":" or'),
+        (["nvcr.io/nvidia/", "nvcr.io/nvidia/tritonserver"], '"nvcr.io/nvidia/tritonserver" must'),
+        ([], "imagePolicy.allowedPrefixes is empty"),
+        ([""], "an empty prefix would admit every image"),
+        (["a.example/,b.example/"], "contains a comma or a space"),
+        ("ghcr.io/", "imagePolicy.allowedPrefixes must be a list"),
+    ],
+    ids=["no-separator", "one-of-two", "empty-list", "empty-prefix", "comma", "not-a-list"],
+)
+def test_image_policy_refuses_prefixes_that_would_admit_lookalikes(
+    helm: Path, prefixes: Any, message: str
+) -> None:
+    value = "imagePolicy=" + json.dumps({"enabled": True, "allowedPrefixes": prefixes})
+    proc = run_helm(helm, "template", "cvo", str(CHART), "--set-json", value, check=False)
+    assert proc.returncode != 0, f"rendered {prefixes!r}:\n{proc.stdout[:2000]}"
+    assert message in proc.stderr, proc.stderr
+
+
+def test_the_default_builder_image_must_be_on_the_allowlist(helm: Path) -> None:
+    # The operator refuses to start with COSYVOICE_BUILDER_IMAGE outside its allowlist.
+    proc = run_helm(
+        helm,
+        "template",
+        "cvo",
+        str(CHART),
+        "--set-json",
+        'config={"builderImage":"registry.example/builder:1"}',
+        check=False,
+    )
+    assert proc.returncode != 0, proc.stdout[:2000]
+    assert 'config.builderImage "registry.example/builder:1" starts with none of' in proc.stderr
+    docs = render(helm, 'config={"builderImage":"nvcr.io/nvidia/builder:1"}')
+    assert env_of(docs)["COSYVOICE_BUILDER_IMAGE"] == "nvcr.io/nvidia/builder:1"
 
 
 # ---- against the cluster -------------------------------------------------------------------
@@ -332,6 +466,8 @@ def test_install_creates_the_objects_and_uninstall_removes_them(
         ("deployment", full, "-n", release.namespace),
         ("clusterrole", full),
         ("clusterrolebinding", full),
+        ("validatingadmissionpolicy", f"{full}-images"),
+        ("validatingadmissionpolicybinding", f"{full}-images"),
     ]
     for obj in objects:
         assert exists(cluster, *obj), f"{obj[0]} {full} was not created"
@@ -379,9 +515,10 @@ FORBIDDEN = re.compile(r"Forbidden|forbidden|\b403\b|Not enough permissions")
 
 class ClusterwideOperator(OperatorProcess):
     """`cosyvoice-operator run` with no --namespace, as the chart runs it by default: kopf
-    watches, and the resync loop lists, services across the cluster."""
+    watches services across the cluster."""
 
-    def start(self) -> ClusterwideOperator:
+    def start(self, liveness_port: int | None = None) -> ClusterwideOperator:
+        assert liveness_port is None, "not used here"
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cosyvoice_operator", "run"],
@@ -394,7 +531,9 @@ class ClusterwideOperator(OperatorProcess):
 
 @pytest.fixture(scope="module")
 def clusterwide_release(cluster: Cluster, helm: Path) -> Iterator[Release]:
-    release = install(cluster, helm)
+    # Without the image policy: it is cluster-scoped and would stay for the whole module, and
+    # the API server names only one refusing policy, so the image tests could not tell theirs.
+    release = install(cluster, helm, 'imagePolicy={"enabled":false}')
     yield release
     uninstall(cluster, helm, release)
 
@@ -415,10 +554,10 @@ def test_the_operator_builds_an_engine_with_only_the_charts_permissions(
     assert json.loads(whoami.stdout)["status"]["userInfo"]["username"] == (
         f"system:serviceaccount:{release.namespace}:{release.service_account}"
     )
-    # The operator's own checks touch every granted kind: the cache claim (PVC get), the
-    # credentials Secret (Secret get), nodes (list), the Job (list, create) and its pods (list),
-    # the record ConfigMap (get, create), Events (create), the status subresource (patch), and
-    # the services themselves (kopf's list, watch and patch; the resync loop's list).
+    # A build touches every granted kind: the cache claim, nodes, the Job and its pods, and the
+    # services themselves (the informers' list and watch), the record ConfigMap (create, patch),
+    # the Job (create), Events (create) and the status subresource (patch). The credentials
+    # Secret is for the build pod (envFrom): the operator never reads it, and may not.
     cluster.apply(served, cache_claim())
     cluster.kubectl(
         "create", "secret", "generic", "hf-token", "-n", served, "--from-literal=HF_TOKEN=x"
@@ -464,9 +603,8 @@ def test_the_operator_builds_an_engine_with_only_the_charts_permissions(
         events = get_json(cluster, "events", "-n", served)["items"]
         reasons = {e["reason"] for e in events if e["involvedObject"]["name"] == "rbac"}
         assert {"EngineBuildStarted", "EngineReady"} <= reasons, reasons
-        # A few more resyncs (1 s): a permission only a later pass needs shows up too, and the
-        # resync loop's status patches leave the condition as it is.
-        time.sleep(3)
+        # A permission only a later pass needs (the record, the Events) has been used by now;
+        # the condition stays as it is.
         obj = get_json(cluster, "cvs", "rbac", "-n", served)
         assert condition(obj, "EngineReady").get("status") == "True", obj.get("status")
         # No finalizer (no kopf timers, no deletion handler): deletion never waits on the
@@ -474,7 +612,6 @@ def test_the_operator_builds_an_engine_with_only_the_charts_permissions(
         assert not obj["metadata"].get("finalizers"), obj["metadata"].get("finalizers")
         cluster.kubectl("delete", "cvs", "rbac", "-n", served, "--timeout=30s")
         assert not exists(cluster, "cvs", "rbac", "-n", served)
-        time.sleep(2)  # resync passes after the deletion
     finally:
         op.stop()
         uninstall(cluster, helm, release)
@@ -490,6 +627,59 @@ def can_i(cluster: Cluster, release: Release, *what: str) -> bool:
     return proc.stdout.strip() == "yes"
 
 
+Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+
+def grants(rules: set[Rule]) -> set[Grant]:
+    return {(group, resource, verb) for group, resource, verbs in rules for verb in verbs}
+
+
+# What every authenticated user may do (system:basic-user): ask what it may do, and who it is.
+SELF_REVIEWS = {"authorization.k8s.io", "authentication.k8s.io"}
+
+
+def granted(cluster: Cluster, release: Release, namespace: str) -> set[Grant]:
+    """The API server's own account (a SelfSubjectRulesReview, made as the ServiceAccount with
+    its groups) of what the ServiceAccount may do in `namespace`, cluster-wide grants included,
+    less the self-reviews every authenticated user may make."""
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectRulesReview",
+        "spec": {"namespace": namespace},
+    }
+    proc = cluster.kubectl(
+        "create",
+        "-f",
+        "-",
+        "-o",
+        "json",
+        f"--as=system:serviceaccount:{release.namespace}:{release.service_account}",
+        "--as-group=system:serviceaccounts",
+        f"--as-group=system:serviceaccounts:{release.namespace}",
+        "--as-group=system:authenticated",
+        input=json.dumps(review),
+    )
+    status = json.loads(proc.stdout)["status"]
+    assert not status.get("incomplete"), status
+    found: set[Grant] = set()
+    for rule in status.get("resourceRules", []):
+        assert not rule.get("resourceNames"), rule
+        for group in rule.get("apiGroups", []):
+            if group in SELF_REVIEWS:
+                continue
+            for resource in rule.get("resources", []):
+                for verb in rule.get("verbs", []):
+                    found.add((group, resource, verb))
+    return found
+
+
+def qualified(group: str, resource: str) -> list[str]:
+    """`kubectl auth can-i` arguments for a resource, a subresource asked for with
+    --subresource (what follows a slash would be read as an object's name)."""
+    kind, _, sub = resource.partition("/")
+    return [f"{kind}.{group}" if group else kind, *([f"--subresource={sub}"] if sub else [])]
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize(
     ("verb", "resource", "scope", "allowed"),
@@ -497,53 +687,65 @@ def can_i(cluster: Cluster, release: Release, *what: str) -> bool:
         # what it needs
         ("watch", "cosyvoiceservices.tts.cosyvoice.dev", "-A", True),
         ("list", "cosyvoiceservices.tts.cosyvoice.dev", "-A", True),
-        ("patch", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", True),
-        ("get", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", True),
         ("patch", "cosyvoiceservices.tts.cosyvoice.dev/status", "-n=default", True),
         ("create", "jobs.batch", "-n=default", True),
-        ("list", "jobs.batch", "-n=default", True),
-        ("list", "pods", "-n=default", True),
-        ("get", "configmaps", "-n=default", True),
+        ("list", "jobs.batch", "-A", True),
+        ("watch", "jobs.batch", "-A", True),
+        ("delete", "jobs.batch", "-n=default", True),
+        ("list", "pods", "-A", True),
+        ("watch", "pods", "-A", True),
+        ("list", "configmaps", "-A", True),
+        ("watch", "configmaps", "-A", True),
         ("create", "configmaps", "-n=default", True),
-        ("get", "persistentvolumeclaims", "-n=default", True),
-        ("get", "secrets", "-n=default", True),
+        ("patch", "configmaps", "-n=default", True),
+        ("delete", "configmaps", "-n=default", True),
+        ("list", "persistentvolumeclaims", "-A", True),
+        ("watch", "persistentvolumeclaims", "-A", True),
         ("list", "nodes", "", True),
+        ("watch", "nodes", "", True),
         ("create", "events", "-n=default", True),
+        ("list", "customresourcedefinitions.apiextensions.k8s.io", "", True),
         ("watch", "customresourcedefinitions.apiextensions.k8s.io", "", True),
-        # what it must not do
-        ("delete", "nodes", "", False),
-        ("patch", "nodes", "", False),
-        ("get", "nodes", "", False),
-        ("watch", "nodes", "", False),
-        ("list", "secrets", "-A", False),
-        ("list", "secrets", "-n=default", False),
-        ("watch", "secrets", "-n=default", False),
-        ("create", "deployments.apps", "-n=kube-system", False),
-        ("create", "pods", "-n=default", False),
-        ("get", "pods", "-n=default", False),
-        ("watch", "pods", "-n=default", False),
-        ("delete", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", False),
+        # what it must not do: no get of anything (informers only), no Secret at all, no pod
+        # created, nothing updated, nothing else deleted or patched
+        ("get", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", False),
+        ("patch", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", False),
         ("update", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", False),
+        ("delete", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", False),
+        ("create", "cosyvoiceservices.tts.cosyvoice.dev", "-n=default", False),
         ("update", "cosyvoiceservices.tts.cosyvoice.dev/status", "-n=default", False),
         ("patch", "cosyvoiceservices.tts.cosyvoice.dev/scale", "-n=default", False),
-        ("delete", "jobs.batch", "-n=default", False),
+        ("get", "secrets", "-n=default", False),
+        ("list", "secrets", "-A", False),
+        ("watch", "secrets", "-A", False),
+        ("create", "secrets", "-n=default", False),
+        ("create", "pods", "-n=default", False),
+        ("get", "pods", "-n=default", False),
+        ("delete", "pods", "-n=default", False),
+        ("create", "pods/exec", "-n=default", False),
+        ("get", "pods/log", "-n=default", False),
         ("get", "jobs.batch", "-n=default", False),
-        ("watch", "jobs.batch", "-n=default", False),
         ("patch", "jobs.batch", "-n=default", False),
+        ("update", "jobs.batch", "-n=default", False),
+        ("get", "configmaps", "-n=default", False),
         ("update", "configmaps", "-n=default", False),
-        ("delete", "configmaps", "-n=default", False),
-        ("list", "configmaps", "-n=default", False),
-        ("watch", "configmaps", "-n=default", False),
-        ("patch", "events", "-n=default", False),
-        ("create", "events.events.k8s.io", "-n=default", False),
+        ("get", "persistentvolumeclaims", "-n=default", False),
         ("create", "persistentvolumeclaims", "-n=default", False),
-        ("list", "persistentvolumeclaims", "-n=default", False),
+        ("delete", "persistentvolumeclaims", "-n=default", False),
+        ("get", "nodes", "", False),
+        ("patch", "nodes", "", False),
+        ("delete", "nodes", "", False),
+        ("patch", "events", "-n=default", False),
+        ("list", "events", "-n=default", False),
+        ("create", "events.events.k8s.io", "-n=default", False),
+        ("create", "deployments.apps", "-n=kube-system", False),
         ("create", "clusterrolebindings.rbac.authorization.k8s.io", "", False),
         ("escalate", "clusterroles.rbac.authorization.k8s.io", "", False),
         ("impersonate", "serviceaccounts", "-A", False),
         ("create", "serviceaccounts/token", "-A", False),
         ("patch", "customresourcedefinitions.apiextensions.k8s.io", "", False),
         ("get", "customresourcedefinitions.apiextensions.k8s.io", "", False),
+        ("delete", "validatingadmissionpolicies.admissionregistration.k8s.io", "", False),
         # serving every namespace, kopf never looks at namespaces
         ("list", "namespaces", "", False),
         ("delete", "namespaces", "", False),
@@ -568,6 +770,55 @@ def test_the_service_account_can_do_no_more(
 
 
 @pytest.mark.cluster
+@pytest.mark.parametrize("mode", ["clusterwide", "namespaced"])
+def test_the_service_account_reads_no_secret_and_creates_no_pod_anywhere(
+    cluster: Cluster, helm: Path, mode: str
+) -> None:
+    """Never a Secret (get, list or watch) and never a pod created, in any namespace or
+    cluster-wide; and, by the API server's own account, exactly the listed verbs where it
+    serves and only the cluster-scoped ones elsewhere."""
+    served = cluster.namespace("chart-svc")
+    other = cluster.namespace("chart-other")
+    if mode == "clusterwide":
+        release = install(cluster, helm)
+        serving = {served, other}
+    else:
+        release = install(cluster, helm, f"watchNamespaces={json.dumps([served])}")
+        serving = {served}
+    cluster_rules = CLUSTER_RULES | ({NAMESPACES_RULE} if mode == "namespaced" else set())
+    try:
+        scopes = [
+            "-A",
+            *(f"-n={ns}" for ns in ("default", "kube-system", release.namespace, served, other)),
+        ]
+        for scope in scopes:
+            for verb in ("get", "list", "watch"):
+                assert not can_i(cluster, release, verb, "secrets", scope), (verb, scope)
+            assert not can_i(cluster, release, "create", "pods", scope), scope
+        # Exactly the listed verbs, each one asked for on its own...
+        for group, resource, verb in sorted(grants(NAMESPACED_RULES)):
+            what = qualified(group, resource)
+            for ns in (served, other):
+                assert can_i(cluster, release, verb, *what, f"-n={ns}") is (ns in serving), (
+                    f"can-i {verb} {' '.join(what)} -n {ns}"
+                )
+            if verb in ("list", "watch"):
+                assert can_i(cluster, release, verb, *what, "-A") is (mode == "clusterwide")
+        for group, resource, verb in sorted(grants(cluster_rules)):
+            assert can_i(cluster, release, verb, *qualified(group, resource)), (verb, resource)
+        # ... and all together, as the API server sums up every binding of the ServiceAccount.
+        for ns in (served, other, "default"):
+            expected = grants(cluster_rules)
+            if ns in serving or mode == "clusterwide":
+                expected |= grants(NAMESPACED_RULES)
+            assert granted(cluster, release, ns) == expected, ns
+    finally:
+        uninstall(cluster, helm, release)
+        for ns in (served, other):
+            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+@pytest.mark.cluster
 def test_namespaced_install_grants_nothing_outside_its_namespaces(
     cluster: Cluster, helm: Path
 ) -> None:
@@ -583,6 +834,7 @@ def test_namespaced_install_grants_nothing_outside_its_namespaces(
         # kopf follows the named namespaces it serves.
         assert can_i(cluster, release, "watch", "namespaces")
         assert not can_i(cluster, release, "create", "jobs.batch", f"-n={other}")
+        assert not can_i(cluster, release, "list", "configmaps", f"-n={other}")
         assert not can_i(cluster, release, "get", "secrets", f"-n={other}")
         assert not can_i(cluster, release, "list", "cosyvoiceservices.tts.cosyvoice.dev", "-A")
         args = get_json(cluster, "deployment", release.service_account, "-n", release.namespace)[
@@ -593,3 +845,137 @@ def test_namespaced_install_grants_nothing_outside_its_namespaces(
         uninstall(cluster, helm, release)
         for ns in (served, other):
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+# ---- the image allowlist, enforced by the API server ----------------------------------------
+
+GOOD_BUILDER = "ghcr.io/cosyvoice-operator/engine-builder:0.1.0-trtllm0.20.0"
+GOOD_SERVING = "nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3"
+
+
+def image_service(
+    name: str, builder_image: str | None = None, serving_image: str | None = None
+) -> str:
+    spec: dict[str, Any] = {
+        "model": {"variant": "cosyvoice3", "uri": "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512"},
+    }
+    if builder_image is not None:
+        spec["engine"] = {"builderImage": builder_image}
+    if serving_image is not None:
+        spec["serving"] = {"image": serving_image}
+    body = {
+        "apiVersion": "tts.cosyvoice.dev/v1alpha1",
+        "kind": "CosyVoiceService",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+    return json.dumps(body)
+
+
+def apply_service(
+    cluster: Cluster, namespace: str, manifest: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("apply", "-n", namespace, "-f", "-", *args, input=manifest, check=False)
+
+
+def policy_name(release: Release) -> str:
+    return f"{release.service_account}-images"
+
+
+def wait_until_enforced(cluster: Cluster, release: Release, namespace: str) -> None:
+    """A new ValidatingAdmissionPolicy is enforced once the API server's informers have it:
+    ask (server-side dry runs, nothing is stored) until it refuses, bounded."""
+    bad = image_service("probe", builder_image="docker.io/attacker/builder:1")
+
+    def refused() -> str | None:
+        proc = apply_service(cluster, namespace, bad, "--dry-run=server")
+        return proc.stderr if policy_name(release) in proc.stderr else None
+
+    wait_for(f"policy {policy_name(release)} enforced in {namespace}", refused, timeout=60)
+
+
+def assert_refused(
+    cluster: Cluster, release: Release, namespace: str, manifest: str, field: str, image: str
+) -> None:
+    proc = apply_service(cluster, namespace, manifest)
+    assert proc.returncode != 0, f"{field}={image!r} was admitted in {namespace}"
+    error = proc.stderr
+    assert policy_name(release) in error, error
+    assert f'{field} "{image}" is not allowed' in error, error
+    for prefix in DEFAULT_PREFIXES:
+        assert f'"{prefix}"' in error, error
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("mode", ["clusterwide", "namespaced"])
+def test_the_api_server_refuses_images_outside_the_allowlist(
+    cluster: Cluster, helm: Path, mode: str
+) -> None:
+    served = cluster.namespace("chart-img")
+    other = cluster.namespace("chart-img-other")
+    if mode == "clusterwide":
+        release = install(cluster, helm)
+    else:
+        release = install(cluster, helm, f"watchNamespaces={json.dumps([served])}")
+    try:
+        wait_until_enforced(cluster, release, served)
+        field_b, field_s = "spec.engine.builderImage", "spec.serving.image"
+        for image in (
+            "docker.io/attacker/builder:1",
+            # A look-alike of an allowed prefix: the trailing "/" of the prefix keeps it out.
+            "ghcr.io/cosyvoice-operator-evil/engine-builder:1",
+            "nvcr.io/nvidia",
+        ):
+            manifest = image_service("bad-builder", builder_image=image)
+            assert_refused(cluster, release, served, manifest, field_b, image)
+        assert_refused(
+            cluster,
+            release,
+            served,
+            image_service("bad-serving", GOOD_BUILDER, "docker.io/library/tritonserver:1"),
+            field_s,
+            "docker.io/library/tritonserver:1",
+        )
+        assert not get_json(cluster, "cvs", "-n", served)["items"], "a refused service was stored"
+
+        # Inside the allowlist, and empty (the operator's defaults), is admitted.
+        for name, manifest in (
+            ("good", image_service("good", GOOD_BUILDER, GOOD_SERVING)),
+            ("empty", image_service("empty", "", "")),
+            ("unset", image_service("unset")),
+        ):
+            proc = apply_service(cluster, served, manifest)
+            assert proc.returncode == 0, f"{name}: {proc.stderr}"
+        stored = get_json(cluster, "cvs", "good", "-n", served)["spec"]
+        assert stored["engine"]["builderImage"] == GOOD_BUILDER
+        assert stored["serving"]["image"] == GOOD_SERVING
+
+        # Updates are checked too: the stored service keeps its image.
+        assert_refused(
+            cluster,
+            release,
+            served,
+            image_service("good", GOOD_BUILDER, "docker.io/library/tritonserver:1"),
+            field_s,
+            "docker.io/library/tritonserver:1",
+        )
+        stored = get_json(cluster, "cvs", "good", "-n", served)["spec"]
+        assert stored["serving"]["image"] == GOOD_SERVING
+
+        # The binding covers the namespaces the operator serves, and only those.
+        bad = image_service("bad-builder", builder_image="docker.io/attacker/builder:1")
+        proc = apply_service(cluster, other, bad, "--dry-run=server")
+        if mode == "clusterwide":
+            assert proc.returncode != 0 and policy_name(release) in proc.stderr, proc.stderr
+        else:
+            assert policy_name(release) not in proc.stderr, proc.stderr
+    finally:
+        # Services first (no finalizer: gone at once), so that no test that wants the cluster
+        # to itself finds them; then the release, and with it the cluster-wide policy.
+        for ns in (served, other):
+            cluster.kubectl("delete", "cvs", "--all", "-n", ns, check=False)
+        uninstall(cluster, helm, release)
+        for ns in (served, other):
+            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    assert not exists(cluster, "validatingadmissionpolicy", policy_name(release))
+    assert not exists(cluster, "validatingadmissionpolicybinding", policy_name(release))

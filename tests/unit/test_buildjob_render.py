@@ -257,18 +257,65 @@ def test_every_mount_has_a_volume() -> None:
 # ---- credentials ----------------------------------------------------------------------------
 
 
-def test_credentials_secret_only_via_env_from() -> None:
+def _secret_refs(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Environment variable -> its secretKeyRef, for the entries taken from a Secret."""
+    return {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in container["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+
+
+def test_hf_model_gets_only_hf_token_from_the_secret_and_requires_it() -> None:
     secret = "hf-token-zq7"  # a name that cannot appear by accident
-    job = _render(service(model={"credentialsSecret": secret}))
+    job = _render(service(model={"uri": "hf://org/model", "credentialsSecret": secret}))
     container = _container(job)
-    assert container["envFrom"] == [{"secretRef": {"name": secret}}]
+    assert "envFrom" not in container  # never the whole Secret
+    # Required (no `optional`): a missing Secret or key shows in the pod's own status.
+    assert _secret_refs(container) == {"HF_TOKEN": {"name": secret, "key": "HF_TOKEN"}}
     assert json.dumps(job).count(secret) == 1
-    assert not any("valueFrom" in e for e in container["env"])
 
 
-def test_no_env_from_without_credentials_secret() -> None:
-    container = _container(_render(service()))
+def test_s3_model_gets_the_aws_keys_two_required_three_optional() -> None:
+    secret = "s3-creds-q81"
+    job = _render(service(model={"uri": "s3://models/cv3/", "credentialsSecret": secret}))
+    container = _container(job)
     assert "envFrom" not in container
+    assert _secret_refs(container) == {
+        "AWS_ACCESS_KEY_ID": {"name": secret, "key": "AWS_ACCESS_KEY_ID"},
+        "AWS_SECRET_ACCESS_KEY": {"name": secret, "key": "AWS_SECRET_ACCESS_KEY"},
+        "AWS_SESSION_TOKEN": {"name": secret, "key": "AWS_SESSION_TOKEN", "optional": True},
+        "AWS_REGION": {"name": secret, "key": "AWS_REGION", "optional": True},
+        "AWS_ENDPOINT_URL": {"name": secret, "key": "AWS_ENDPOINT_URL", "optional": True},
+    }
+    assert json.dumps(job).count(secret) == 5  # once per key, nowhere else
+
+
+def test_pvc_model_gets_no_key_of_the_secret() -> None:
+    job = _render(
+        service(model={"uri": "pvc://model-store/cv3", "credentialsSecret": "unused-creds-7k"})
+    )
+    container = _container(job)
+    assert "envFrom" not in container
+    assert _secret_refs(container) == {}
+    assert "unused-creds-7k" not in json.dumps(job)
+
+
+@pytest.mark.parametrize("uri", ["hf://org/model", "s3://models/cv3/", "pvc://store/cv3"])
+def test_no_secret_reference_without_credentials_secret(uri: str) -> None:
+    container = _container(_render(service(model={"uri": uri})))
+    assert "envFrom" not in container
+    assert _secret_refs(container) == {}
+
+
+def test_every_secret_value_passed_is_one_the_builder_masks() -> None:
+    # The builder masks the values of its SECRET_ENV_VARS in everything it prints; a key
+    # taken from the Secret that it does not know would reach the logs in clear. Region and
+    # endpoint are settings, not secrets.
+    redaction = pytest.importorskip("cosyvoice_engine_builder.redaction")
+    passed = {key for keys in buildjob.CREDENTIAL_KEYS.values() for key, _ in keys}
+    assert passed - {"AWS_REGION", "AWS_ENDPOINT_URL"} <= set(redaction.SECRET_ENV_VARS)
+    assert set(buildjob.CREDENTIAL_KEYS) == {"hf", "s3", "pvc"}  # every scheme of spec.py
 
 
 # ---- security -----------------------------------------------------------------------------
@@ -290,6 +337,31 @@ def test_restricted_security_context() -> None:
     assert pod_spec["automountServiceAccountToken"] is False
     assert not pod_spec.get("hostNetwork") and not pod_spec.get("hostPID")
     assert not any("hostPath" in v for v in pod_spec["volumes"])
+
+
+def test_root_filesystem_is_read_only_and_every_writable_path_is_a_volume() -> None:
+    job = _render(service(model={"uri": "pvc://model-store/cv3"}))
+    container = _container(job)
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/engines", "/tmp"}
+    # Whatever a tool writes by default (HOME: ~/.cache, ~/.triton; HF_HOME) lands on /tmp.
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    for name in ("HOME", "HF_HOME"):
+        assert env[name] == "/tmp" or env[name].startswith("/tmp/"), name
+    # The builder's work dir is on the cache volume, which is writable.
+    assert _flag(container["args"], "--cache-dir") == "/engines"
+
+
+def test_scratch_is_an_empty_dir_with_the_configured_size_limit() -> None:
+    mount = _mounts(_render())["/tmp"]
+    assert _volumes(_render())[mount["name"]] == {
+        "name": mount["name"],
+        "emptyDir": {"sizeLimit": "64Gi"},
+    }
+    small = _render(settings=BuildSettings(scratch_size="10Gi"))
+    assert _volumes(small)[mount["name"]]["emptyDir"] == {"sizeLimit": "10Gi"}
+    assert BuildSettings().scratch_size == "64Gi"
 
 
 # ---- Job policy ---------------------------------------------------------------------------
@@ -519,3 +591,167 @@ def test_rendering_into_another_claim_than_the_services_is_refused() -> None:
     other = buildjob.Cache("other-claim", CACHE.uid)
     with pytest.raises(ValueError, match="other-claim"):
         render_job(EngineTarget(ident, ("NVIDIA-L20",)), svc, "ml", 1, BuildSettings(), other)
+
+
+# ---- render_cleanup_job -------------------------------------------------------------------
+
+GC_KEY = identity(gpu_arch="sm_90").key
+
+
+def _cleanup(
+    key: str = GC_KEY,
+    arch: str = "sm_90",
+    settings: BuildSettings | None = None,
+    cache: buildjob.Cache = CACHE,
+) -> dict[str, Any]:
+    return buildjob.render_cleanup_job(
+        key, arch, "reg/builder:9", "ml", cache, settings or BuildSettings()
+    )
+
+
+def test_cleanup_job_golden() -> None:
+    _assert_golden("cleanup-job.yaml", _cleanup())
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100"])
+def test_cleanup_job_name_mirrors_the_engines_base_name(arch: str) -> None:
+    ident = identity(gpu_arch=arch)
+    job = _cleanup(ident.key, arch)
+    name = job["metadata"]["name"]
+    assert name == f"cvs-engine-gc-{arch.replace('_', '')}-{ident.key[:20]}-{CACHE.tag}"
+    assert name == buildjob.base_name(ident, CACHE).replace("cvs-engine-", "cvs-engine-gc-", 1)
+    assert len(name) <= 63 and DNS_LABEL.match(name)
+    assert not name.startswith(buildjob.base_name(ident, CACHE))  # never taken for a build
+    assert job["metadata"]["namespace"] == "ml"
+    assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
+
+
+def test_cleanup_job_labels_and_annotations() -> None:
+    job = _cleanup()
+    for labels in (job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"]):
+        assert labels == {
+            "app.kubernetes.io/name": "cosyvoice-engine",
+            "app.kubernetes.io/component": "engine-cleanup",
+            "app.kubernetes.io/managed-by": "cosyvoice-operator",
+            "tts.cosyvoice.dev/engine-key": GC_KEY,
+            "tts.cosyvoice.dev/gpu-arch": "sm_90",
+            "tts.cosyvoice.dev/cache-claim-hash": CACHE.tag,
+        }
+    claim = {
+        "tts.cosyvoice.dev/cache-claim": "cosyvoice-engines",
+        "tts.cosyvoice.dev/cache-claim-uid": CACHE.uid,
+    }
+    assert job["metadata"]["annotations"] == claim
+    assert job["spec"]["template"]["metadata"]["annotations"] == claim
+    assert "ownerReferences" not in job["metadata"]
+    # A selector for the build Jobs of the key does not pick up the cleanup Job, and
+    # "delete the engine-build Jobs" (README) leaves it alone.
+    assert (
+        job["metadata"]["labels"]["app.kubernetes.io/component"]
+        != (buildjob.COMPONENT_LABELS["app.kubernetes.io/component"])
+    )
+
+
+def test_cleanup_job_runs_remove_on_the_cache_claim() -> None:
+    claim = buildjob.Cache("team-a-engines", "uid-a")
+    job = _cleanup(cache=claim)
+    container = _container(job)
+    assert container["image"] == "reg/builder:9"
+    assert container["args"] == ["remove", "--key", GC_KEY, "--cache-dir", "/engines"]
+    assert container["volumeMounts"] == [{"name": "engines", "mountPath": "/engines"}]
+    assert _pod_spec(job)["volumes"] == [
+        {"name": "engines", "persistentVolumeClaim": {"claimName": "team-a-engines"}}
+    ]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["TERMINATION_MESSAGE_PATH"] == container["terminationMessagePath"]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert "envFrom" not in container
+    assert not any("valueFrom" in e for e in container["env"])  # no credentials needed
+
+
+def test_cleanup_job_args_are_accepted_by_the_builders_parser() -> None:
+    cli = pytest.importorskip("cosyvoice_engine_builder.cli")
+    args = cli.build_parser().parse_args(_container(_cleanup())["args"])
+    assert args.command == "remove"
+    assert args.key == GC_KEY
+    assert str(args.cache_dir) == "/engines"
+
+
+def test_cleanup_job_needs_no_gpu_and_lands_on_any_node() -> None:
+    job = _cleanup()
+    pod_spec = _pod_spec(job)
+    resources = _container(job)["resources"]
+    assert resources == {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"memory": "256Mi"},
+    }
+    assert "affinity" not in pod_spec and "nodeSelector" not in pod_spec
+    assert pod_spec["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    taint = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
+    for product in ("NVIDIA-L20", "NVIDIA-H100-80GB-HBM3"):
+        n = gpus.GPUNode.from_node(node(product=product, taints=[taint]))
+        assert n is not None
+        assert gpus.eligible(n, {}, pod_spec["tolerations"], {}, 0)
+
+
+def test_cleanup_job_policy() -> None:
+    job = _cleanup(settings=BuildSettings(ttl_seconds_after_finished=321, backoff_limit=9))
+    assert job["spec"]["backoffLimit"] == 3  # not the build's
+    assert job["spec"]["ttlSecondsAfterFinished"] == 321
+    assert "activeDeadlineSeconds" not in job["spec"]
+    assert _pod_spec(job)["activeDeadlineSeconds"] == 600
+    assert _pod_spec(job)["restartPolicy"] == "Never"
+    (fail,) = [r for r in job["spec"]["podFailurePolicy"]["rules"] if r["action"] == "FailJob"]
+    assert fail["onExitCodes"] == {
+        "containerName": _container(job)["name"],
+        "operator": "In",
+        "values": [2],
+    }
+
+
+def test_cleanup_job_security_matches_build_pods() -> None:
+    cleanup, build = _cleanup(), _render()
+    assert _container(cleanup)["securityContext"] == _container(build)["securityContext"]
+    assert _pod_spec(cleanup)["securityContext"] == _pod_spec(build)["securityContext"]
+    csc = _container(cleanup)["securityContext"]
+    assert csc == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert _pod_spec(cleanup)["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "fsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert _pod_spec(cleanup)["automountServiceAccountToken"] is False
+
+
+def test_cleanup_job_takes_account_pull_secrets_and_annotations_from_settings() -> None:
+    plain = _pod_spec(_cleanup())
+    assert "serviceAccountName" not in plain and "imagePullSecrets" not in plain
+    settings = BuildSettings(
+        service_account="engine-builder",
+        image_pull_secrets=("regcred",),
+        pod_annotations={"sidecar.istio.io/inject": "false"},
+    )
+    job = _cleanup(settings=settings)
+    assert _pod_spec(job)["serviceAccountName"] == "engine-builder"
+    assert _pod_spec(job)["imagePullSecrets"] == [{"name": "regcred"}]
+    annotations = job["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["sidecar.istio.io/inject"] == "false"
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["", GC_KEY[:20], GC_KEY.upper(), GC_KEY + "0", "../" + GC_KEY[3:], GC_KEY[:39] + "g"],
+)
+def test_cleanup_job_refuses_a_key_that_is_not_a_content_key(key: str) -> None:
+    with pytest.raises(ValueError, match="40 lowercase hex"):
+        _cleanup(key)

@@ -13,7 +13,9 @@ def test_defaults_from_an_empty_environment() -> None:
     c = config.load({})
     assert c == OperatorConfig()
     assert c.build == BuildSettings()
-    assert c.resync_seconds == 10.0
+    assert c.allowed_image_prefixes == ()
+    assert c.engine_retention_seconds == 7 * 24 * 3600
+    assert (c.superseded_grace_seconds, c.workers) == (30.0, 4)
     assert c.prometheus_url == ""
     b = c.build
     assert b.default_builder_image.startswith("ghcr.io/cosyvoice-operator/engine-builder:")
@@ -77,9 +79,33 @@ def test_build_setting_from_env(name: str, raw: str, attr: str, value: object) -
     assert others == {k: v for k, v in vars(BuildSettings()).items() if k != attr}
 
 
-@pytest.mark.parametrize(("raw", "value"), [("30", 30.0), ("0.5", 1.0), ("0", 1.0)])
-def test_resync_seconds_at_least_one(raw: str, value: float) -> None:
-    assert config.load({"COSYVOICE_RESYNC_SECONDS": raw}).resync_seconds == value
+def test_control_loop_settings() -> None:
+    c = config.load(
+        {
+            "COSYVOICE_ENGINE_RETENTION_SECONDS": "3600",
+            "COSYVOICE_SUPERSEDED_GRACE_SECONDS": "5",
+            "COSYVOICE_WORKERS": "8",
+            "COSYVOICE_BUILD_SCRATCH_SIZE": "20Gi",
+        }
+    )
+    assert (c.engine_retention_seconds, c.superseded_grace_seconds, c.workers) == (3600, 5, 8)
+    assert c.build.scratch_size == "20Gi"
+    with pytest.raises(ConfigError, match="COSYVOICE_WORKERS"):
+        config.load({"COSYVOICE_WORKERS": "0"})
+
+
+def test_image_allowlist() -> None:
+    env = {"COSYVOICE_ALLOWED_IMAGE_PREFIXES": "ghcr.io/cosyvoice-operator/, nvcr.io/nvidia/"}
+    assert config.load(env).allowed_image_prefixes == (
+        "ghcr.io/cosyvoice-operator/",
+        "nvcr.io/nvidia/",
+    )
+    # A prefix that does not end at a boundary would admit a namesake registry path.
+    with pytest.raises(ConfigError, match="must end with"):
+        config.load({"COSYVOICE_ALLOWED_IMAGE_PREFIXES": "ghcr.io/cosyvoice"})
+    # The operator's own default builder image must be allowed.
+    with pytest.raises(ConfigError, match="COSYVOICE_BUILDER_IMAGE"):
+        config.load({"COSYVOICE_ALLOWED_IMAGE_PREFIXES": "nvcr.io/nvidia/"})
 
 
 def test_peering_lifetime() -> None:
@@ -110,7 +136,8 @@ def test_load_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> No
         ("COSYVOICE_BUILD_MAX_ATTEMPTS", "three"),
         ("COSYVOICE_BUILD_MAX_ATTEMPTS", "2.5"),
         ("COSYVOICE_BUILD_RETRY_BASE_SECONDS", "1m"),
-        ("COSYVOICE_RESYNC_SECONDS", "fast"),
+        ("COSYVOICE_ENGINE_RETENTION_SECONDS", "a week"),
+        ("COSYVOICE_SUPERSEDED_GRACE_SECONDS", "-1"),
         ("COSYVOICE_BUILD_POD_ANNOTATIONS", "not json"),
         ("COSYVOICE_BUILD_POD_ANNOTATIONS", "[1, 2]"),
         ("COSYVOICE_BUILD_POD_ANNOTATIONS", '"a string"'),
@@ -131,12 +158,7 @@ def test_bad_value_raises_config_error_naming_the_variable(name: str, raw: str) 
         ({"COSYVOICE_BUILD_TTL_SECONDS": "0"}, "COSYVOICE_BUILD_TTL_SECONDS", "at least 150"),
         ({"COSYVOICE_BUILD_TTL_SECONDS": "59"}, "COSYVOICE_BUILD_TTL_SECONDS", "at least 150"),
         (
-            {"COSYVOICE_BUILD_TTL_SECONDS": "100", "COSYVOICE_RESYNC_SECONDS": "40"},
-            "COSYVOICE_BUILD_TTL_SECONDS",
-            "at least 240",  # 60 * 2 (the wait before attempt 3) + 3 * 40
-        ),
-        (
-            # Default backoff (60 s base, 3 attempts) and resync (10 s): the Job of attempt 2
+            # Default backoff (60 s base, 3 attempts): the Job of attempt 2
             # must still be there when attempt 3 is due, 120 s after it failed.
             {"COSYVOICE_BUILD_TTL_SECONDS": "120"},
             "COSYVOICE_BUILD_TTL_SECONDS",
@@ -165,7 +187,7 @@ def test_shortest_accepted_ttl() -> None:
     assert (
         config.load({"COSYVOICE_BUILD_TTL_SECONDS": "150"}).build.ttl_seconds_after_finished == 150
     )
-    fast = {"COSYVOICE_BUILD_RETRY_BASE_SECONDS": "2", "COSYVOICE_RESYNC_SECONDS": "1"}
+    fast = {"COSYVOICE_BUILD_RETRY_BASE_SECONDS": "2"}
     assert (
         config.load({**fast, "COSYVOICE_BUILD_TTL_SECONDS": "60"}).build.ttl_seconds_after_finished
         == 60

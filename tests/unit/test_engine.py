@@ -331,6 +331,13 @@ def test_precision_support_by_architecture(precision: str, arch: str, ok: bool) 
     assert (gpus.precision_unsupported(precision, arch) is None) is ok
 
 
+@pytest.mark.parametrize("precision", ["int8-weight-only", "int4-weight-only"])
+def test_weight_only_precisions_are_refused_on_turing(precision: str) -> None:
+    # sm_75 (Tesla T4): the builder runs the weight-only modes with bfloat16 activations.
+    assert gpus.precision_unsupported(precision, "sm_75") == f"{precision} needs sm_80 or newer"
+    assert gpus.precision_unsupported(precision, "sm_80") is None
+
+
 def test_plan_gpu_products_from_spec_win_over_nodes() -> None:
     s = service(engine={"gpuProducts": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H200", "NVIDIA-L4"]})
     p = engine.plan(s, _nodes(node("l", "NVIDIA-L20")), DEFAULT_IMAGE)

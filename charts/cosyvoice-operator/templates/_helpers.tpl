@@ -56,18 +56,49 @@ app.kubernetes.io/part-of: cosyvoice-operator
 {{- end }}
 
 {{/*
+imagePolicy.allowedPrefixes, checked, as a JSON list (the chart's ValidatingAdmissionPolicy and
+the operator's COSYVOICE_ALLOWED_IMAGE_PREFIXES read the same list). A prefix must end in "/",
+":" or "@": a bare "ghcr.io/cosy" would also admit "ghcr.io/cosy-evil/...".
+*/}}
+{{- define "cosyvoice-operator.allowedImagePrefixes" -}}
+{{- $prefixes := .Values.imagePolicy.allowedPrefixes | default list }}
+{{- if not (kindIs "slice" $prefixes) }}
+{{- fail (printf "imagePolicy.allowedPrefixes must be a list of image prefixes, not %s" (toJson $prefixes)) }}
+{{- end }}
+{{- if not $prefixes }}
+{{- fail `imagePolicy.allowedPrefixes is empty: with imagePolicy.enabled=true it must list at least one prefix (e.g. "ghcr.io/cosyvoice-operator/"), or set imagePolicy.enabled=false` }}
+{{- end }}
+{{- range $prefixes }}
+{{- if not (kindIs "string" .) }}
+{{- fail (printf "imagePolicy.allowedPrefixes: %s is not a string" (toJson .)) }}
+{{- end }}
+{{- if eq . "" }}
+{{- fail "imagePolicy.allowedPrefixes: an empty prefix would admit every image" }}
+{{- end }}
+{{- if not (regexMatch "[/:@]$" .) }}
+{{- fail (printf `imagePolicy.allowedPrefixes: %s must end in "/", ":" or "@" (a registry or repository path, "repository:" or "repository@"): as it is, it would also admit images such as %s` (toJson .) (toJson (printf "%s-other/image:tag" .))) }}
+{{- end }}
+{{- if regexMatch "[,[:space:]]" . }}
+{{- fail (printf "imagePolicy.allowedPrefixes: %s contains a comma or a space, which no image reference has" (toJson .)) }}
+{{- end }}
+{{- end }}
+{{- toJson $prefixes }}
+{{- end }}
+
+{{/*
 Rules on namespaced resources: in the ClusterRole when every namespace is served, else in a
-Role in each of watchNamespaces. Each rule is what the operator's code (kube.py) or kopf calls,
-no more: kopf lists, watches and merge-/JSON-patches, never gets, updates or deletes.
+Role in each of watchNamespaces. Each rule is what the operator's code (kube.py and its
+informers) or kopf calls, no more. The operator observes everything through list+watch
+informers, so there is no `get` anywhere, and it reads no Secret at all.
 */}}
 {{- define "cosyvoice-operator.namespacedRules" -}}
-# The custom resource: kopf lists and watches it and patches its progress annotations; the
-# operator's resync loop lists it, then reads each one afresh before acting on it. No
-# finalizer, so deletion never waits on the operator.
+# The custom resource: listed and watched by the operator's informer, never read by name. The
+# object itself is never written (no progress annotations, no finalizer), so deletion never
+# waits on the operator.
 - apiGroups: ["tts.cosyvoice.dev"]
   resources: ["cosyvoiceservices"]
-  verbs: ["get", "list", "watch", "patch"]
-# Status goes through the status subresource (kopf's handler results, the resync loop).
+  verbs: ["list", "watch"]
+# The operator writes a service's status through the status subresource only.
 - apiGroups: ["tts.cosyvoice.dev"]
   resources: ["cosyvoiceservices/status"]
   verbs: ["patch"]
@@ -75,29 +106,29 @@ no more: kopf lists, watches and merge-/JSON-patches, never gets, updates or del
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# Engine-build Jobs: listed by engine key and created if absent (a 409 is "already there",
-# so no get; finished Jobs go by their TTL, so no delete).
+# Engine-build Jobs: followed by an informer (list+watch), created if absent (a 409 is "already
+# there"), and deleted by the operator (by uid) when it is done with them, e.g. with an engine
+# it removes.
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["list", "create"]
-# Pods of the latest build Job, listed by job-name: why a build waits, what it said at its end.
-- apiGroups: [""]
-  resources: ["pods"]
-  verbs: ["list"]
-# Engine records: one ConfigMap per engine, read by name and created once, never updated.
+  verbs: ["list", "watch", "create", "delete"]
+# Engine records, one ConfigMap per engine: followed by an informer, created once, merge-patched
+# as the engine's state changes, and deleted (by uid) with the engine once no service has
+# referenced it for config.engineRetentionSeconds.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "create"]
-# The engine-cache and model claims are only checked for existence.
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# Build pods, followed by an informer: why a build waits, what it said at its end. The
+# operator never creates a pod itself (the Job controller does).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+# The engine-cache and model claims, followed by an informer: their existence and uid.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get"]
-# spec.model.credentialsSecret is only checked for existence (the build pod reads it through
-# envFrom). RBAC has no existence-only verb: `get` does return the Secret's data, so this is
-# the one grant wider than what the operator uses. No list/watch: no Secret can be enumerated.
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get"]
+  verbs: ["list", "watch"]
+# No Secret rule: spec.model.credentialsSecret is read by the build pod (envFrom), never by the
+# operator.
 {{- if and .Values.peering.enabled .Values.watchNamespaces }}
 # kopf peering between replicas, one KopfPeering per served namespace (watched, and patched
 # with each replica's keep-alive).
@@ -109,10 +140,11 @@ no more: kopf lists, watches and merge-/JSON-patches, never gets, updates or del
 
 {{/* Rules on cluster-scoped resources: always in a ClusterRole. */}}
 {{- define "cosyvoice-operator.clusterRules" -}}
-# GPU nodes: the engine plan builds one engine per GPU architecture found on nodes.
+# GPU nodes, followed by the operator's informer: the engine plan builds one engine per GPU
+# architecture found on the nodes.
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 # kopf: follows CRDs being added, changed or removed (it finds resources by API discovery).
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]

@@ -1,0 +1,381 @@
+"""Benchmark of the control loop at fleet scale, on the local cluster (issue 7).
+
+    python bench/control_loop.py [--services 1000] [--nodes 250] [--chaos 100] [--seeds 3]
+                                 [--steady 60] [--out bench/results/control_loop.json]
+
+1. floor: the same build Jobs the operator would make for N services (one distinct engine
+   each), created directly (`kubectl create`, 100 per call), until every Job is Complete and
+   its engine record created: what the API server, the Job controller, the scheduler and
+   kwok take without the operator.
+2. operator: N services applied the same way to a namespace the operator serves; the time
+   until every service reads EngineReady=True. Target: within 1.5x of the floor.
+3. steady state: with everything Ready, `apiserver_request_total` (the API server's own
+   counter) over --steady seconds for what only the operator touches, and the operator's
+   own count of its requests by verb. Target: zero beyond watches.
+4. memory: the operator's resident set (VmRSS) then. Target: < 200 MB.
+5. restart storm: the operator SIGKILLed and started again with N services; the time until
+   every service has been looked at, and its requests: one list per kind, no write.
+6. chaos: --chaos services rolled out while the operator is SIGKILLed at random moments
+   (--seeds runs): duplicate Jobs, orphans, and whether every service converges.
+
+Every phase prints its numbers; the whole run is written as JSON to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from cosyvoice_operator import buildjob, engine, spec
+from cosyvoice_operator.localcluster import LocalCluster
+from cosyvoice_operator.localcluster.binaries import kubectl_path
+
+REPO = Path(__file__).resolve().parents[1]
+PRODUCT = "NVIDIA-H100-80GB-HBM3"
+KEY_LABEL = buildjob.KEY_LABEL
+OPERATOR_RESOURCES = {"cosyvoiceservices", "jobs", "configmaps", "persistentvolumeclaims",
+                      "secrets", "events", "pods", "nodes"}  # fmt: skip
+
+
+class Bench:
+    def __init__(self, name: str) -> None:
+        self.local = LocalCluster(name)
+        self.env = dict(os.environ, KUBECONFIG=str(self.local.paths.kubeconfig))
+
+    def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 600) -> str:
+        proc = subprocess.run(
+            [str(kubectl_path()), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args[:3])}: {proc.stderr.strip()[:500]}")
+        return proc.stdout
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def create_many(self, namespace: str, objects: list[dict[str, Any]]) -> None:
+        for i in range(0, len(objects), 100):
+            chunk = {"apiVersion": "v1", "kind": "List", "items": objects[i : i + 100]}
+            self.kubectl("create", "-n", namespace, "-f", "-", stdin=json.dumps(chunk))
+
+    def namespace_with_claim(self, namespace: str) -> str:
+        self.kubectl("create", "namespace", namespace)
+        claim = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "cosyvoice-engines", "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "resources": {"requests": {"storage": "100Gi"}},
+            },
+        }
+        self.kubectl("create", "-f", "-", stdin=json.dumps(claim))
+        uid = wait("the claim", lambda: self.get("pvc", "cosyvoice-engines", "-n", namespace)
+                   ["metadata"]["uid"], 30)  # fmt: skip
+        return str(uid)
+
+    def apiserver_requests(self) -> Counter[tuple[str, str]]:
+        text = self.kubectl("get", "--raw", "/metrics")
+        found: Counter[tuple[str, str]] = Counter()
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            resource = labels.get("resource", "")
+            if labels.get("subresource"):
+                resource += "/" + labels["subresource"]
+            found[(labels.get("verb", ""), resource)] += int(float(line.rsplit(" ", 1)[1]))
+        return found
+
+
+def wait(what: str, probe: Any, timeout: float, interval: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe()
+        except (RuntimeError, KeyError, ValueError) as exc:
+            last = None
+            print(f"  ({what}: {exc})", file=sys.stderr)
+        if last:
+            return last
+        time.sleep(interval)
+    raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def service_body(name: str, revision: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "tts.cosyvoice.dev/v1alpha1",
+        "kind": "CosyVoiceService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {
+                "variant": "cosyvoice3",
+                "uri": "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
+                "revision": revision,
+            },
+            "serving": {"nodeSelector": {"nvidia.com/gpu.product": PRODUCT}},
+        },
+    }
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Operator:
+    def __init__(self, bench: Bench, namespace: str, log: Path) -> None:
+        self.port = free_port()
+        env = dict(bench.env, COSYVOICE_BUILD_BACKOFF_LIMIT="0")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cosyvoice_operator", "run", "-n", namespace,
+             "--liveness", f"http://127.0.0.1:{self.port}/healthz"],
+            env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def report(self) -> dict[str, Any] | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=5) as r:
+                found: dict[str, Any] = json.loads(r.read())["controlLoop"]
+                return found
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def engine_ready(items: list[dict[str, Any]]) -> int:
+    n = 0
+    for s in items:
+        for c in s.get("status", {}).get("conditions", []):
+            if c["type"] == "EngineReady" and c["status"] == "True":
+                n += 1
+    return n
+
+
+def floor(bench: Bench, n: int) -> dict[str, Any]:
+    ns = "floor"
+    uid = bench.namespace_with_claim(ns)
+    cache = buildjob.Cache("cosyvoice-engines", uid)
+    settings = buildjob.BuildSettings(backoff_limit=0)
+    svcs = [spec.parse(service_body(f"f{i}", f"rev-f{i}")["spec"]) for i in range(n)]
+    jobs = []
+    for svc in svcs:
+        target = engine.EngineTarget(
+            engine.identity(svc, "sm_90", settings.default_builder_image), (PRODUCT,)
+        )
+        jobs.append((target, buildjob.render_job(target, svc, ns, 1, settings, cache)))
+    started = time.monotonic()
+    bench.create_many(ns, [j for _, j in jobs])
+    created = time.monotonic() - started
+
+    def complete() -> bool:
+        items = bench.get("jobs", "-n", ns)["items"]
+        done = sum(1 for j in items if j.get("status", {}).get("succeeded"))
+        print(f"  floor: {done}/{n} Jobs complete", file=sys.stderr)
+        return done == n
+
+    wait("every floor Job complete", complete, 1800, interval=2)
+    records = [
+        buildjob.render_record(t.identity, ns, j["metadata"]["name"], "", dt_now(), cache)
+        for t, j in jobs
+    ]
+    bench.create_many(ns, records)
+    total = time.monotonic() - started
+    print(f"floor: {n} Jobs created in {created:.1f}s, all complete and recorded in {total:.1f}s")
+    return {"jobs": n, "create_seconds": round(created, 2), "total_seconds": round(total, 2)}
+
+
+def dt_now() -> Any:
+    import datetime as dt
+
+    return dt.datetime.now(dt.UTC)
+
+
+def operator_run(bench: Bench, n: int, steady: float, logs: Path) -> dict[str, Any]:
+    ns = "fleet"
+    bench.namespace_with_claim(ns)
+    op = Operator(bench, ns, logs / "operator-fleet.log")
+    out: dict[str, Any] = {"services": n}
+    try:
+        wait("the operator", op.report, 60)
+        bodies = [service_body(f"s{i}", f"rev-s{i}") for i in range(n)]
+        started = time.monotonic()
+        bench.create_many(ns, bodies)
+        out["apply_seconds"] = round(time.monotonic() - started, 2)
+
+        def all_ready() -> bool:
+            items = bench.get("cvs", "-n", ns)["items"]
+            ready = engine_ready(items)
+            print(f"  operator: {ready}/{n} EngineReady", file=sys.stderr)
+            return ready == n
+
+        wait("every service EngineReady", all_ready, 1800, interval=2)
+        out["apply_to_ready_seconds"] = round(time.monotonic() - started, 2)
+        print(f"operator: {n} services applied -> all EngineReady in "
+              f"{out['apply_to_ready_seconds']:.1f}s")  # fmt: skip
+        wait("an idle queue", lambda: (op.report() or {}).get("queued", 1) == 0, 120)
+        time.sleep(5)
+        before_api, before_op = bench.apiserver_requests(), Counter(op.report()["requests"])
+        time.sleep(steady)
+        after_api, after_op = bench.apiserver_requests(), Counter(op.report()["requests"])
+        api = {f"{v} {r}": c for (v, r), c in (after_api - before_api).items()
+               if r.split("/")[0] in OPERATOR_RESOURCES}  # fmt: skip
+        own = dict(after_op - before_op)
+        non_watch = {k: v for k, v in own.items() if not k.startswith("WATCH ")}
+        out["steady_seconds"] = steady
+        out["steady_operator_requests"] = own
+        out["steady_operator_requests_per_minute_excluding_watch"] = round(
+            sum(non_watch.values()) * 60 / steady, 2
+        )
+        out["steady_apiserver_requests_on_these_resources"] = api
+        out["operator_rss_mb"] = round(rss_mb(op.proc.pid), 1)
+        print(f"steady state ({steady:.0f}s): operator requests {own or 'none'}; "
+              f"API server on the operator's resources: {api}")  # fmt: skip
+        print(f"operator resident memory: {out['operator_rss_mb']} MB")
+
+        op.kill()
+        started = time.monotonic()
+        op = Operator(bench, ns, logs / "operator-fleet.log")
+
+        def caught_up() -> dict[str, Any] | None:
+            r = op.report()
+            return r if r and r["passes"] >= n and r["queued"] == 0 else None
+
+        report = wait("the restarted operator to look at every service", caught_up, 600)
+        out["restart_seconds"] = round(time.monotonic() - started, 2)
+        out["restart_requests"] = report["requests"]
+        out["restart_rss_mb"] = round(rss_mb(op.proc.pid), 1)
+        print(f"restart storm: {n} services looked at in {out['restart_seconds']:.1f}s "
+              f"with requests {report['requests']}")  # fmt: skip
+    finally:
+        op.stop()
+    return out
+
+
+def chaos(bench: Bench, n: int, seed: int, logs: Path) -> dict[str, Any]:
+    rng = random.Random(seed)
+    ns = f"chaos-{seed}"
+    bench.namespace_with_claim(ns)
+    log = logs / f"operator-{ns}.log"
+    op = Operator(bench, ns, log)
+    kills = []
+    try:
+        wait("the operator", op.report, 60)
+        started = time.monotonic()
+        bench.create_many(ns, [service_body(f"c{i}", f"rev-{seed}-{i}") for i in range(n)])
+        for _ in range(4):
+            time.sleep(rng.uniform(0.5, 6.0))
+            kills.append(round(time.monotonic() - started, 2))
+            op.kill()
+            op = Operator(bench, ns, log)
+
+        def converged() -> list[dict[str, Any]] | None:
+            items = bench.get("cvs", "-n", ns)["items"]
+            return items if engine_ready(items) == n else None
+
+        items = wait("every chaos service EngineReady", converged, 900, interval=2)
+        seconds = time.monotonic() - started
+        keys = {s["status"]["engines"][0]["key"] for s in items}
+        jobs = bench.get("jobs", "-n", ns, "-l", "app.kubernetes.io/component=engine-build")
+        per_key = Counter(j["metadata"]["labels"][KEY_LABEL] for j in jobs["items"])
+        records = bench.get("configmaps", "-n", ns, "-l", KEY_LABEL)["items"]
+        record_keys = Counter(r["metadata"]["labels"][KEY_LABEL] for r in records)
+        result = {
+            "seed": seed,
+            "services": n,
+            "kills_at_seconds": kills,
+            "converged_seconds": round(seconds, 2),
+            "duplicate_jobs": sum(c - 1 for c in per_key.values() if c > 1),
+            "orphan_jobs": sum(1 for k in per_key if k not in keys),
+            "orphan_records": sum(1 for k in record_keys if k not in keys),
+            "missing_records": sum(1 for k in keys if k not in record_keys),
+            "converged": True,
+        }
+        print(f"chaos seed {seed}: {result}")
+        return result
+    finally:
+        op.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--services", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=250)
+    parser.add_argument("--chaos", type=int, default=100)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steady", type=float, default=60)
+    parser.add_argument("--name", default="bench-loop")
+    parser.add_argument("--out", default=str(REPO / "bench/results/control_loop.json"))
+    args = parser.parse_args()
+    bench = Bench(args.name)
+    bench.local.down(quiet=True, wipe=True)
+    bench.local.up(gpu_nodes={PRODUCT: args.nodes}, gpus_per_node=8)
+    logs = bench.local.paths.root / "bench-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "nodes": args.nodes,
+        "gpus_per_node": 8,
+    }
+    try:
+        bench.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+        bench.kubectl("wait", "--for=condition=Established",
+                      "crd/cosyvoiceservices.tts.cosyvoice.dev")  # fmt: skip
+        if args.services:
+            result["floor"] = floor(bench, args.services)
+            result["operator"] = operator_run(bench, args.services, args.steady, logs)
+            ratio = result["operator"]["apply_to_ready_seconds"] / result["floor"]["total_seconds"]
+            result["ratio_to_floor"] = round(ratio, 3)
+            print(f"operator / floor: {ratio:.2f}x (target <= 1.5x)")
+        result["chaos"] = [chaos(bench, args.chaos, s, logs) for s in range(1, args.seeds + 1)]
+    finally:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"written to {args.out}")
+        bench.local.down(quiet=True, wipe=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""cleanup.plan_cleanup: superseded builds are stopped, unused engines removed, used ones never."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cosyvoice_operator import buildjob, cleanup, conditions, engine, lifecycle
+from cosyvoice_operator.cleanup import CleanupSettings, plan_cleanup
+from cosyvoice_operator.effects import CreateObject, DeleteObject, PatchObject
+from cosyvoice_operator.lifecycle import Policy
+
+from .objects import CACHE, T0, job, raw_spec, record, service
+from .world import FakeWorld
+
+POLICY = Policy()
+SETTINGS = CleanupSettings(retention_seconds=3600, superseded_grace_seconds=30)
+L20 = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L20"}}
+DAY = dt.timedelta(days=1)
+
+
+def svc_body(name: str = "svc", **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": raw_spec(**{"serving": L20, **spec}),
+    }
+
+
+def ident(arch: str = "sm_89", **spec: Any) -> engine.EngineIdentity:
+    svc = service(**{"serving": L20, **spec})
+    return engine.identity(svc, arch, POLICY.build.default_builder_image)
+
+
+def build_job(identity: engine.EngineIdentity, uid: str, **kw: Any) -> dict[str, Any]:
+    j = job(identity, 1, **kw)
+    j["metadata"]["uid"] = uid
+    j["metadata"]["labels"][buildjob.CLAIM_LABEL] = CACHE.tag
+    j["metadata"]["labels"]["app.kubernetes.io/component"] = "engine-build"
+    j["metadata"]["annotations"] = {
+        buildjob.IDENTITY_ANNOTATION: json.dumps(buildjob._identity_dict(identity))
+    }
+    return j
+
+
+def rec(identity: engine.EngineIdentity, **annotations: str) -> dict[str, Any]:
+    r = record(identity, buildjob.job_name(identity, 1, CACHE), T0)
+    r["metadata"]["uid"] = f"rec-{identity.key[:6]}"
+    r["metadata"]["annotations"].update(annotations)
+    return r
+
+
+def plan(
+    services: list[dict[str, Any]],
+    jobs: Sequence[dict[str, Any]] = (),
+    records: Sequence[dict[str, Any]] = (),
+    now: dt.datetime = T0,
+    since: Mapping[str, dt.datetime] | None = None,
+    world: FakeWorld | None = None,
+) -> cleanup.Plan:
+    return plan_cleanup(
+        "ml",
+        services,
+        list(jobs),
+        list(records),
+        world or FakeWorld(),
+        now,
+        POLICY,
+        SETTINGS,
+        since or {},
+    )
+
+
+def test_a_build_no_service_asks_for_is_deleted_after_the_grace_period_only() -> None:
+    old = build_job(ident(engine={"precision": "float16"}), "job-uid")
+    services = [svc_body()]  # now asks for bfloat16
+    first = plan(services, [old])
+    assert first.effects == ()
+    assert first.superseded == {"job-uid": T0}
+    assert first.requeue_after is not None and 30 <= first.requeue_after <= 31
+    later = plan(services, [old], now=T0 + dt.timedelta(seconds=31), since=first.superseded)
+    [delete] = later.effects
+    assert isinstance(delete, DeleteObject)
+    assert (delete.kind, delete.name, delete.uid) == ("Job", old["metadata"]["name"], "job-uid")
+
+
+def test_a_build_for_another_architecture_of_the_same_inputs_is_kept() -> None:
+    # The service's L20 nodes went NotReady for a minute: its sm_89 build must go on.
+    running = build_job(ident("sm_89"), "job-uid")
+    world = FakeWorld(nodes=[])
+    result = plan([svc_body()], [running], now=T0 + DAY, since={"job-uid": T0}, world=world)
+    assert result.effects == () and result.superseded == {}
+
+
+def test_finished_builds_are_left_to_their_ttl() -> None:
+    done = build_job(ident(engine={"precision": "float16"}), "job-uid", complete_at=T0)
+    assert plan([svc_body()], [done], now=T0 + DAY, since={"job-uid": T0}).effects == ()
+
+
+def test_an_unused_engine_is_marked_then_removed_by_a_cleanup_job_then_its_record_deleted() -> None:
+    unused = ident(engine={"precision": "float16"})
+    # 1. marked with the time it became unreferenced
+    [mark] = plan([svc_body()], records=[rec(unused)]).effects
+    assert isinstance(mark, PatchObject)
+    assert mark.patch == {
+        "metadata": {"annotations": {lifecycle.UNREFERENCED_ANNOTATION: conditions.timestamp(T0)}}
+    }
+    marked = rec(unused, **{lifecycle.UNREFERENCED_ANNOTATION: conditions.timestamp(T0)})
+    # 2. kept during the retention period, with a wake-up at its end
+    kept = plan([svc_body()], records=[marked], now=T0 + dt.timedelta(minutes=30))
+    assert kept.effects == ()
+    assert kept.requeue_after is not None and 1800 <= kept.requeue_after <= 1801
+    # 3. after it: its finished build Jobs deleted, and marked as being removed
+    built = build_job(unused, "built-uid", complete_at=T0)
+    delete_job, removing = plan(
+        [svc_body()], [built], [marked], now=T0 + dt.timedelta(hours=2)
+    ).effects
+    assert delete_job == DeleteObject(
+        "Job", "ml", built["metadata"]["name"], "built-uid", f"engine {unused.key} is being removed"
+    )
+    assert isinstance(removing, PatchObject)
+    assert lifecycle.REMOVING_ANNOTATION in removing.patch["metadata"]["annotations"]
+    being_removed = rec(
+        unused,
+        **{
+            lifecycle.UNREFERENCED_ANNOTATION: conditions.timestamp(T0),
+            lifecycle.REMOVING_ANNOTATION: conditions.timestamp(T0 + dt.timedelta(hours=2)),
+        },
+    )
+    # 4. a cleanup Job for that key in that claim
+    [create] = plan([svc_body()], records=[being_removed]).effects
+    assert isinstance(create, CreateObject)
+    assert create.body["kind"] == "Job"
+    assert create.body["spec"]["template"]["spec"]["containers"][0]["args"][:3] == [
+        "remove",
+        "--key",
+        unused.key,
+    ]
+    # 5. the record goes only once that Job succeeded
+    cleaner = dict(create.body)
+    cleaner["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    [delete] = plan([svc_body()], [cleaner], [being_removed]).effects
+    assert isinstance(delete, DeleteObject) and delete.kind == "ConfigMap"
+    failed = dict(create.body)
+    failed["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
+    assert plan([svc_body()], [failed], [being_removed]).effects == ()
+
+
+def test_an_engine_a_service_uses_is_never_touched_and_its_mark_is_cleared() -> None:
+    used = ident()
+    assert plan([svc_body()], records=[rec(used)], now=T0 + 30 * DAY).effects == ()
+    marked = rec(used, **{lifecycle.UNREFERENCED_ANNOTATION: conditions.timestamp(T0)})
+    [clear] = plan([svc_body()], records=[marked], now=T0 + 30 * DAY).effects
+    assert clear == PatchObject(
+        "ConfigMap",
+        "ml",
+        marked["metadata"]["name"],
+        {"metadata": {"annotations": {lifecycle.UNREFERENCED_ANNOTATION: None}}},
+    )
+
+
+def test_an_engine_whose_claim_is_gone_loses_its_record_without_a_cleanup_job() -> None:
+    being_removed = rec(
+        ident(engine={"precision": "float16"}),
+        **{
+            lifecycle.UNREFERENCED_ANNOTATION: conditions.timestamp(T0),
+            lifecycle.REMOVING_ANNOTATION: conditions.timestamp(T0),
+        },
+    )
+    world = FakeWorld(claims={CACHE.claim: "another-uid"})
+    [delete] = plan([], records=[being_removed], world=world).effects
+    assert isinstance(delete, DeleteObject) and delete.why == "its cache claim is gone"
