@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -64,3 +65,42 @@ def test_bad_setting_is_a_clear_error_naming_the_variable(cluster: Cluster) -> N
     assert proc.returncode == 2
     assert "COSYVOICE_BUILD_MAX_ATTEMPTS" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_kubeconfig_that_cannot_be_loaded_is_one_clear_line(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-kubeconfig"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cosyvoice_operator", "run"],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": str(missing)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert "cannot load the kubeconfig" in line and str(missing) in line
+
+
+def test_an_api_server_that_does_not_answer_is_tried_a_few_times_then_one_clear_line(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # The cluster's own credentials, pointed at a port where nothing listens.
+    config = Path(cluster.kubeconfig).read_text()
+    dead = tmp_path / "kubeconfig"
+    port = _free_port()
+    dead.write_text(
+        re.sub(r"server: https://127\.0\.0\.1:\d+", f"server: https://127.0.0.1:{port}", config)
+    )
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "cosyvoice_operator", "run"],
+        env={**cluster.env, "KUBECONFIG": str(dead), "COSYVOICE_CONNECT_ATTEMPTS": "2"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "did not answer after 2 tries" in proc.stderr and f"127.0.0.1:{port}" in proc.stderr
+    assert time.monotonic() - started < 60  # bounded, not forever
