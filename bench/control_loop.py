@@ -169,6 +169,11 @@ class Operator:
         except (OSError, ValueError, KeyError):
             return None
 
+    def requests(self) -> Counter[str]:
+        """What this operator asked of the API server so far, by verb and resource."""
+        report = wait("the operator's report", self.report, 30)
+        return Counter(report["requests"])
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
@@ -204,6 +209,11 @@ def floor(bench: Bench, n: int) -> dict[str, Any]:
             engine.identity(svc, "sm_90", settings.default_builder_image), (PRODUCT,)
         )
         jobs.append((target, buildjob.render_job(target, svc, ns, 1, settings, cache)))
+    # The services themselves, in a namespace no operator serves: what applying them costs
+    # the API server (schema and CEL validation) is part of what a user waits for too.
+    started = time.monotonic()
+    bench.create_many(ns, [service_body(f"f{i}", f"rev-f{i}") for i in range(n)])
+    services_seconds = time.monotonic() - started
     started = time.monotonic()
     bench.create_many(ns, [j for _, j in jobs])
     created = time.monotonic() - started
@@ -221,8 +231,17 @@ def floor(bench: Bench, n: int) -> dict[str, Any]:
     ]
     bench.create_many(ns, records)
     total = time.monotonic() - started
-    print(f"floor: {n} Jobs created in {created:.1f}s, all complete and recorded in {total:.1f}s")
-    return {"jobs": n, "create_seconds": round(created, 2), "total_seconds": round(total, 2)}
+    print(
+        f"floor: {n} services created in {services_seconds:.1f}s; then {n} Jobs created in "
+        f"{created:.1f}s, all complete and recorded in {total:.1f}s"
+    )
+    return {
+        "jobs": n,
+        "services_create_seconds": round(services_seconds, 2),
+        "create_seconds": round(created, 2),
+        "total_seconds": round(total, 2),
+        "total_with_services_seconds": round(total + services_seconds, 2),
+    }
 
 
 def dt_now() -> Any:
@@ -255,9 +274,9 @@ def operator_run(bench: Bench, n: int, steady: float, logs: Path) -> dict[str, A
               f"{out['apply_to_ready_seconds']:.1f}s")  # fmt: skip
         wait("an idle queue", lambda: (op.report() or {}).get("queued", 1) == 0, 120)
         time.sleep(5)
-        before_api, before_op = bench.apiserver_requests(), Counter(op.report()["requests"])
+        before_api, before_op = bench.apiserver_requests(), op.requests()
         time.sleep(steady)
-        after_api, after_op = bench.apiserver_requests(), Counter(op.report()["requests"])
+        after_api, after_op = bench.apiserver_requests(), op.requests()
         api = {f"{v} {r}": c for (v, r), c in (after_api - before_api).items()
                if r.split("/")[0] in OPERATOR_RESOURCES}  # fmt: skip
         own = dict(after_op - before_op)
@@ -365,9 +384,15 @@ def main() -> int:
         if args.services:
             result["floor"] = floor(bench, args.services)
             result["operator"] = operator_run(bench, args.services, args.steady, logs)
-            ratio = result["operator"]["apply_to_ready_seconds"] / result["floor"]["total_seconds"]
+            took = result["operator"]["apply_to_ready_seconds"]
+            ratio = took / result["floor"]["total_seconds"]
             result["ratio_to_floor"] = round(ratio, 3)
-            print(f"operator / floor: {ratio:.2f}x (target <= 1.5x)")
+            with_services = took / result["floor"]["total_with_services_seconds"]
+            result["ratio_to_floor_with_services"] = round(with_services, 3)
+            print(
+                f"operator / floor: {ratio:.2f}x (target <= 1.5x); counting the creation of the "
+                f"services in the floor too: {with_services:.2f}x"
+            )
         result["chaos"] = [chaos(bench, args.chaos, s, logs) for s in range(1, args.seeds + 1)]
     finally:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

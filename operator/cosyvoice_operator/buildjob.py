@@ -287,7 +287,11 @@ def render_job(
         # what the service's pods tolerate, since the products were chosen from those nodes.
         "tolerations": [
             {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
-            *[dict(t) for t in spec.serving.tolerations],
+            *[
+                dict(t)
+                for t in spec.serving.tolerations
+                if dict(t) != {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+            ],
         ],
         "automountServiceAccountToken": False,
     }

@@ -153,6 +153,7 @@ def plan_cleanup(
     policy: Policy,
     settings: CleanupSettings,
     superseded_since: Mapping[str, dt.datetime],
+    served: frozenset[str] = frozenset(),
 ) -> Plan:
     """The cleanup of one namespace, given its services, its operator-made Jobs and its
     engine records (all from the caches)."""
@@ -198,7 +199,8 @@ def plan_cleanup(
         labels, notes = _labels(record), _annotations(record)
         tag, key = labels.get(buildjob.CLAIM_LABEL, ""), labels.get(buildjob.KEY_LABEL, "")
         removing = notes.get(REMOVING_ANNOTATION)
-        if (tag, key) in exact and not removing:
+        # An engine a Deployment still serves (the old one, while a new one is built) counts.
+        if ((tag, key) in exact or key in served) and not removing:
             if notes.get(UNREFERENCED_ANNOTATION):
                 effects.append(
                     PatchObject(

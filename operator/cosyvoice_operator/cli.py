@@ -186,6 +186,31 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_render(args: argparse.Namespace) -> int:
+    from .config import ConfigError, load
+    from .render import RenderError, load_service, render_service, to_yaml
+
+    try:
+        cfg = load()
+    except ConfigError as exc:
+        print(f"error: bad operator setting: {exc}", file=sys.stderr)
+        return 2
+    source = "<stdin>" if args.file == "-" else args.file
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    except OSError as exc:
+        print(f"error: cannot read {source}: {exc.strerror}", file=sys.stderr)
+        return 2
+    try:
+        body = load_service(text, source)
+        objects = render_service(body, args.gpu_product or [], cfg, args.namespace or "")
+    except RenderError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(to_yaml(objects))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cosyvoice-operator",
@@ -232,6 +257,21 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--gpus-per-node", type=int, default=8, help="nvidia.com/gpu per node")
     cluster.add_argument("--wipe", action="store_true", help="with down: delete its data too")
     cluster.set_defaults(func=_cmd_cluster)
+
+    render = sub.add_parser(
+        "render",
+        help="print every object the operator would create for a service (no cluster needed)",
+    )
+    render.add_argument("-f", "--file", required=True, help="a CosyVoiceService manifest, or -")
+    render.add_argument(
+        "--gpu-product",
+        action="append",
+        metavar="PRODUCT",
+        help="GPU product to render for (repeatable), e.g. NVIDIA-L20; "
+        "default spec.engine.gpuProducts",
+    )
+    render.add_argument("-n", "--namespace", help="namespace (default: the manifest's, or default)")
+    render.set_defaults(func=_cmd_render)
 
     demo = sub.add_parser("demo", help="local cluster + CRD + operator + example services")
     demo.add_argument("--name", default="cosyvoice-demo")

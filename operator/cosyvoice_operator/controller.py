@@ -29,14 +29,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import buildjob, cleanup, gpus, lifecycle, peering
-from .effects import CreateObject, DeleteObject, PatchObject, PostEvent
+from . import buildjob, cleanup, gpus, lifecycle, peering, workloads
+from .effects import ApplyObject, CreateObject, DeleteObject, PatchObject, PostEvent
 from .informer import Cache, Informer, Obj
 from .kube import (
     CLAIMS,
     CLUSTER_PEERINGS,
     CONFIG_MAPS,
+    CORE_SERVICES,
+    DEPLOYMENTS,
+    DISRUPTION_BUDGETS,
     JOBS,
+    KINDS_BY_NAME,
     NODES,
     PEERINGS,
     PODS,
@@ -99,8 +103,32 @@ def keep_pod(obj: Obj) -> Obj:
     }
 
 
-def keep_record(obj: Obj) -> Obj:
-    return {"metadata": _meta(obj, "creationTimestamp"), "data": obj.get("data") or {}}
+def keep_config_map(obj: Obj) -> Obj:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    if labels.get("app.kubernetes.io/name") == "cosyvoice-engine":
+        return {"metadata": _meta(obj, "creationTimestamp"), "data": obj.get("data") or {}}
+    return {"metadata": _meta(obj)}  # a repository ConfigMap: its hash annotation says enough
+
+
+def keep_deployment(obj: Obj) -> Obj:
+    st = obj.get("status") or {}
+    return {
+        "metadata": _meta(obj, "generation"),
+        "spec": {"replicas": (obj.get("spec") or {}).get("replicas")},
+        "status": {
+            k: st.get(k)
+            for k in ("observedGeneration", "replicas", "readyReplicas", "updatedReplicas")
+        },
+    }
+
+
+def keep_owned(obj: Obj) -> Obj:
+    return {"metadata": _meta(obj)}
+
+
+def is_record(obj: Mapping[str, Any]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return labels.get("app.kubernetes.io/name") == "cosyvoice-engine"
 
 
 def keep_claim(obj: Obj) -> Obj:
@@ -139,11 +167,25 @@ def keep_peering(obj: Obj) -> Obj:
 class CacheWorld:
     """lifecycle.World over the informers' stores, with the indexes the planners need."""
 
-    def __init__(self, claims: Cache, records: Cache, jobs: Cache, pods: Cache, nodes: Cache):
+    def __init__(
+        self,
+        claims: Cache,
+        records: Cache,
+        jobs: Cache,
+        pods: Cache,
+        nodes: Cache,
+        owned: Mapping[str, Cache] | None = None,
+    ):
         self.claims, self.records, self.jobs_cache, self.pods_cache = claims, records, jobs, pods
         self.nodes = nodes
+        self.owned_caches = dict(owned or {})
         self._jobs_by_engine: dict[tuple[str, str, str], set[str]] = collections.defaultdict(set)
         self._pods_by_job: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
+        # (namespace, service) -> names of its Deployments / serving pods
+        self._by_service: dict[str, dict[tuple[str, str], set[str]]] = {
+            "Deployment": collections.defaultdict(set),
+            "Pod": collections.defaultdict(set),
+        }
         self._gpu_nodes: list[gpus.GPUNode] | None = None
 
     # index upkeep, called from the informers' change handlers
@@ -162,11 +204,28 @@ class CacheWorld:
             if not names:
                 del self._jobs_by_engine[ref]
 
+    def service_object_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        index = self._by_service[kind]
+        for obj, add in ((old, False), (new, True)):
+            if obj is None:
+                continue
+            service = (obj["metadata"].get("labels") or {}).get(workloads.SERVICE_LABEL)
+            if not service:
+                continue
+            ref = (str(obj["metadata"].get("namespace")), str(service))
+            names = index[ref]
+            (names.add if add else names.discard)(str(obj["metadata"]["name"]))
+            if not names:
+                del index[ref]
+
     def pod_changed(self, old: Obj | None, new: Obj | None) -> None:
+        self.service_object_changed("Pod", old, new)
         for obj, add in ((old, False), (new, True)):
             if obj is None:
                 continue
             job = str((obj["metadata"].get("labels") or {}).get("job-name", ""))
+            if not job:
+                continue
             ref = (str(obj["metadata"].get("namespace")), job)
             names = self._pods_by_job[ref]
             (names.add if add else names.discard)(str(obj["metadata"]["name"]))
@@ -208,6 +267,20 @@ class CacheWorld:
         found = (self.pods_cache.get(namespace, n) for n in sorted(names))
         return [p for p in found if p is not None]
 
+    def deployments(self, namespace: str, service: str) -> Sequence[Mapping[str, Any]]:
+        names = self._by_service["Deployment"].get((namespace, service)) or ()
+        cache = self.owned_caches["Deployment"]
+        found = (cache.get(namespace, n) for n in sorted(names))
+        return [d for d in found if d is not None]
+
+    def owned(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self.owned_caches[kind].get(namespace, name)
+
+    def serving_pods(self, namespace: str, service: str) -> Sequence[Mapping[str, Any]]:
+        names = self._by_service["Pod"].get((namespace, service)) or ()
+        found = (self.pods_cache.get(namespace, n) for n in sorted(names))
+        return [p for p in found if p is not None]
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -245,17 +318,44 @@ class Controller:
 
         self.services = informers(SERVICES, self._on_service, "", keep_service)
         self.jobs = informers(JOBS, self._on_job, MANAGED, keep_job)
-        self.records = informers(CONFIG_MAPS, self._on_record, ENGINE_OBJECTS, keep_record)
-        self.pods = informers(PODS, self._on_pod, ENGINE_OBJECTS, keep_pod)
+        # Engine records and the model repositories' ConfigMaps: both are the operator's.
+        self.records = informers(CONFIG_MAPS, self._on_config_map, MANAGED, keep_config_map)
+        self.pods = informers(PODS, self._on_pod, MANAGED, keep_pod)
         self.claims = informers(CLAIMS, self._on_claim, "", keep_claim)
         self.nodes = informers(NODES, self._on_node, gpus.GPU_PRODUCT_LABEL, keep_node)
-        self.caches = [self.services, self.jobs, self.records, self.pods, self.claims, self.nodes]
+        self.deployments = informers(DEPLOYMENTS, self._on_deployment, MANAGED, keep_deployment)
+        self.core_services = informers(CORE_SERVICES, self._on_owned, MANAGED, keep_owned)
+        self.budgets = informers(DISRUPTION_BUDGETS, self._on_owned, MANAGED, keep_owned)
+        self.caches = [
+            self.services,
+            self.jobs,
+            self.records,
+            self.pods,
+            self.claims,
+            self.nodes,
+            self.deployments,
+            self.core_services,
+            self.budgets,
+        ]
         self.peerings: Cache | None = None
         if settings.peering is not None:
             kind = PEERINGS if namespaces else CLUSTER_PEERINGS
             self.peerings = informers(kind, self._on_peering, "", keep_peering)
             self.caches.append(self.peerings)
-        self.world = CacheWorld(self.claims, self.records, self.jobs, self.pods, self.nodes)
+        self.world = CacheWorld(
+            self.claims,
+            self.records,
+            self.jobs,
+            self.pods,
+            self.nodes,
+            {
+                "ConfigMap": self.records,
+                "Deployment": self.deployments,
+                "Service": self.core_services,
+                "PodDisruptionBudget": self.budgets,
+            },
+        )
+        self.served: dict[ServiceKey, frozenset[str]] = {}
         self.by_namespace: dict[str, set[str]] = collections.defaultdict(set)
         self.interest: dict[lifecycle.EngineRef, set[ServiceKey]] = collections.defaultdict(set)
         self.wants: dict[ServiceKey, frozenset[lifecycle.EngineRef]] = {}
@@ -310,19 +410,47 @@ class Controller:
         if old is None or new is None or _conditions(old) != _conditions(new):
             self._gc(str(obj["metadata"].get("namespace")))
 
+    def _wake_owner(self, obj: Obj) -> None:
+        service = (obj["metadata"].get("labels") or {}).get(workloads.SERVICE_LABEL)
+        if service:
+            self.queue.add(("svc", str(obj["metadata"].get("namespace")), str(service)))
+
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
         self.world.pod_changed(old, new)
         obj = new or old
         assert obj is not None
         labels = obj["metadata"].get("labels") or {}
-        if buildjob.KEY_LABEL in labels:
+        if labels.get("app.kubernetes.io/component") == "serving":
+            if old is None or new is None or _scheduled(old) != _scheduled(new):
+                self._wake_owner(obj)
+        elif buildjob.KEY_LABEL in labels:
             self._wake_engine(obj)
 
-    def _on_record(self, old: Obj | None, new: Obj | None) -> None:
+    def _on_config_map(self, old: Obj | None, new: Obj | None) -> None:
         obj = new or old
         assert obj is not None
+        if not is_record(obj):
+            if (
+                old is None
+                or new is None
+                or workloads.applied_hash(old) != workloads.applied_hash(new)
+            ):
+                self._wake_owner(obj)
+            return
         self._wake_engine(obj)
         self._gc(str(obj["metadata"].get("namespace")))
+
+    def _on_deployment(self, old: Obj | None, new: Obj | None) -> None:
+        self.world.service_object_changed("Deployment", old, new)
+        obj = new or old
+        assert obj is not None
+        self._wake_owner(obj)
+
+    def _on_owned(self, old: Obj | None, new: Obj | None) -> None:
+        obj = new or old
+        assert obj is not None
+        if old is None or new is None or workloads.applied_hash(old) != workloads.applied_hash(new):
+            self._wake_owner(obj)
 
     def _on_claim(self, old: Obj | None, new: Obj | None) -> None:
         obj = new or old
@@ -384,7 +512,7 @@ class Controller:
         for svc in self.services:
             self.queue.add(self._svc_key(svc))
         namespaces = {self._svc_key(s)[1] for s in self.services} | {
-            str(r["metadata"].get("namespace")) for r in self.records
+            str(r["metadata"].get("namespace")) for r in self.records if is_record(r)
         }
         for ns in namespaces:
             self._gc(ns)
@@ -422,9 +550,9 @@ class Controller:
                 log.warning("still waiting for the first listing of %s", ", ".join(missing))
                 waited = time.monotonic()
         log.info(
-            "caches filled: %d services, %d Jobs, %d records, %d build pods, %d claims, "
-            "%d GPU nodes",
-            *(len(c) for c in self.caches[:6]),
+            "caches filled: %d services, %d Jobs, %d ConfigMaps, %d pods, %d claims, "
+            "%d GPU nodes, %d Deployments",
+            *(len(c) for c in self.caches[:7]),
         )
         if self.peerings is None:
             self.active.set()
@@ -506,9 +634,20 @@ class Controller:
                 continue
             if made:
                 log.info("%s/%s: created %s %s", namespace, name, create.body["kind"], create.name)
+        for effect in step.workloads:
+            try:
+                await self._carry_out(namespace, effect)
+            except KubeError as exc:
+                if exc.status == 0 or exc.status >= 500:
+                    raise
+                refused[effect.name] = exc.api_message
         if refused:
             step = lifecycle.reconcile_service(body, self.world, self.clock(), policy, refused)
         self._set_wants(key, step.wants)
+        if step.served_keys:
+            self.served[key] = step.served_keys
+        else:
+            self.served.pop(key, None)
         if step.status is not None:
             patch = {
                 "metadata": {"resourceVersion": step.status.resource_version},
@@ -535,7 +674,12 @@ class Controller:
     async def _cleanup(self, namespace: str) -> float | None:
         services = [s for s in self.services if s["metadata"].get("namespace") == namespace]
         jobs = [j for j in self.jobs if j["metadata"].get("namespace") == namespace]
-        records = [r for r in self.records if r["metadata"].get("namespace") == namespace]
+        records = [
+            r for r in self.records if r["metadata"].get("namespace") == namespace and is_record(r)
+        ]
+        served: frozenset[str] = frozenset().union(
+            *(keys for (_, ns, _), keys in self.served.items() if ns == namespace)
+        )
         plan = cleanup.plan_cleanup(
             namespace,
             services,
@@ -546,21 +690,37 @@ class Controller:
             self.settings.policy,
             self.settings.cleanup,
             self.superseded_since.get(namespace, {}),
+            served,
         )
         self.superseded_since[namespace] = dict(plan.superseded)
         for effect in plan.effects:
-            if isinstance(effect, CreateObject):
-                if await self.kube.create(effect.body):
-                    log.info("%s: created %s", namespace, effect.name)
-            elif isinstance(effect, DeleteObject):
-                kind = JOBS if effect.kind == "Job" else CONFIG_MAPS
-                if await self.kube.delete(kind, namespace, effect.name, effect.uid):
-                    log.info(
-                        "%s: deleted %s %s: %s", namespace, effect.kind, effect.name, effect.why
-                    )
-            elif isinstance(effect, PatchObject):
-                await self.kube.merge_patch(CONFIG_MAPS, namespace, effect.name, effect.patch)
+            await self._carry_out(namespace, effect)
         return plan.requeue_after
+
+    async def _carry_out(
+        self, namespace: str, effect: CreateObject | ApplyObject | PatchObject | DeleteObject
+    ) -> None:
+        if isinstance(effect, CreateObject):
+            if await self.kube.create(effect.body):
+                log.info("%s: created %s %s", namespace, effect.body["kind"], effect.name)
+        elif isinstance(effect, ApplyObject):
+            await self.kube.apply(effect.body)
+            log.info("%s: applied %s %s", namespace, effect.body["kind"], effect.name)
+        elif isinstance(effect, DeleteObject):
+            kind = KINDS_BY_NAME[effect.kind]
+            if await self.kube.delete(kind, namespace, effect.name, effect.uid):
+                log.info("%s: deleted %s %s: %s", namespace, effect.kind, effect.name, effect.why)
+        elif isinstance(effect, PatchObject):
+            kind = KINDS_BY_NAME[effect.kind]
+            await self.kube.merge_patch(kind, namespace, effect.name, effect.patch)
+
+
+def _scheduled(obj: Mapping[str, Any]) -> Any:
+    st = obj.get("status") or {}
+    return (
+        st.get("phase"),
+        [(c.get("type"), c.get("status"), c.get("message")) for c in st.get("conditions") or []],
+    )
 
 
 def _generation(obj: Mapping[str, Any]) -> Any:

@@ -59,3 +59,14 @@ class PatchStatus:
 
     changes: Mapping[str, Any]
     resource_version: str
+
+
+@dataclass(frozen=True)
+class ApplyObject:
+    """Server-side apply under the operator's field manager (the object as rendered)."""
+
+    body: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])

@@ -76,12 +76,20 @@ PODS = Kind("v1", "pods")
 CLAIMS = Kind("v1", "persistentvolumeclaims")
 NODES = Kind("v1", "nodes", namespaced=False)
 EVENTS = Kind("v1", "events")
+DEPLOYMENTS = Kind("apps/v1", "deployments")
+CORE_SERVICES = Kind("v1", "services")
+DISRUPTION_BUDGETS = Kind("policy/v1", "poddisruptionbudgets")
 CLUSTER_PEERINGS = Kind("kopf.dev/v1", "clusterkopfpeerings", namespaced=False)
 PEERINGS = Kind("kopf.dev/v1", "kopfpeerings")
 KINDS_BY_OBJECT = {
     ("batch/v1", "Job"): JOBS,
     ("v1", "ConfigMap"): CONFIG_MAPS,
+    ("apps/v1", "Deployment"): DEPLOYMENTS,
+    ("v1", "Service"): CORE_SERVICES,
+    ("policy/v1", "PodDisruptionBudget"): DISRUPTION_BUDGETS,
 }
+KINDS_BY_NAME = {kind: k for (_, kind), k in KINDS_BY_OBJECT.items()}
+FIELD_MANAGER = "cosyvoice-operator"
 
 
 def _message(body: bytes) -> str:
@@ -262,6 +270,18 @@ class Kube:
                 return False
             raise
         return True
+
+    async def apply(self, body: Mapping[str, Any]) -> None:
+        """Server-side apply of the whole object under the operator's field manager."""
+        kind = KINDS_BY_OBJECT[(body["apiVersion"], body["kind"])]
+        meta = body["metadata"]
+        await self.request(
+            "PATCH",
+            kind.path(meta["namespace"], meta["name"]),
+            {"fieldManager": FIELD_MANAGER, "force": True},
+            body=dict(body),
+            content_type="application/apply-patch+yaml",
+        )
 
     async def delete(self, kind: Kind, namespace: str, name: str, uid: str) -> bool:
         """Delete the object of that uid (not a namesake made since); False if already gone."""

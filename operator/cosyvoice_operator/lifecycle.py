@@ -20,10 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from . import buildjob, engine, gpus, status
+from . import buildjob, conditions, engine, gpus, serving, status
 from .buildjob import BuildSettings, Cache, EngineState
-from .effects import CreateObject, PatchStatus, PostEvent
+from .effects import ApplyObject, CreateObject, DeleteObject, PatchObject, PatchStatus, PostEvent
 from .spec import ServiceSpec, SpecError, parse
+from .workloads import ServingSettings
 
 # The status fields the engine lifecycle writes; one absent from a new status is removed.
 OWNED_STATUS = (
@@ -34,6 +35,10 @@ OWNED_STATUS = (
     "conditions",
     "readyReplicas",
     "readySummary",
+    "replicas",
+    "selector",
+    "serving",
+    "endpoints",
 )
 REMOVING_ANNOTATION = f"{buildjob.GROUP}/removing"
 UNREFERENCED_ANNOTATION = f"{buildjob.GROUP}/unreferenced-since"
@@ -67,12 +72,19 @@ class World(Protocol):
 
     def pods(self, namespace: str, job: str) -> Sequence[Mapping[str, Any]]: ...
 
+    def deployments(self, namespace: str, service: str) -> Sequence[Mapping[str, Any]]: ...
+
+    def owned(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+
+    def serving_pods(self, namespace: str, service: str) -> Sequence[Mapping[str, Any]]: ...
+
 
 @dataclass(frozen=True)
 class Policy:
     """Operator settings the planners need."""
 
     build: BuildSettings = field(default_factory=BuildSettings)
+    serving: ServingSettings = field(default_factory=ServingSettings)
     # Image prefixes services may name (empty: any image).
     allowed_image_prefixes: tuple[str, ...] = ()
 
@@ -89,12 +101,16 @@ class EngineRef:
 @dataclass(frozen=True)
 class Step:
     creates: tuple[CreateObject, ...] = ()
+    # The serving workloads: applied, scaled or deleted after the creates.
+    workloads: tuple[ApplyObject | PatchObject | DeleteObject, ...] = ()
     status: PatchStatus | None = None
     events: tuple[PostEvent, ...] = ()
     # When the pass must run again although nothing it watches changes (a retry time).
     requeue_after: float | None = None
     # The engines this service wants: the controller routes Job, pod and record events by it.
     wants: frozenset[EngineRef] = frozenset()
+    # Engine keys its Deployments serve now (the cleanup keeps them).
+    served_keys: frozenset[str] = frozenset()
 
 
 def image_problem(image: str, field_path: str, prefixes: Sequence[str]) -> str | None:
@@ -292,6 +308,17 @@ def reconcile_service(
         svc = parse(body.get("spec") or {})
     except SpecError as exc:
         new = status.engine_status(None, {}, [], str(exc), previous, generation, 0, now)
+        # What serves keeps serving: the serving fields stay as they were.
+        for key in (
+            "replicas",
+            "readyReplicas",
+            "readySummary",
+            "selector",
+            "serving",
+            "endpoints",
+        ):
+            if key in previous:
+                new.setdefault(key, previous[key])
         return _step(previous, new, version, [], None, frozenset())
     nodes = [] if svc.engine.gpu_products else list(world.gpu_nodes())
     plan = engine.plan(svc, nodes, policy.build.default_builder_image)
@@ -310,11 +337,36 @@ def reconcile_service(
         states[target.key] = st
         creates.extend(made)
     new = status.engine_status(
-        plan, states, blockers, None, previous, generation, svc.replicas, now
+        plan,
+        states,
+        blockers,
+        None,
+        previous,
+        generation,
+        svc.replicas,
+        now,
+        serving_managed=True,
     )
+    served = serving.plan_serving(body, svc, plan, states, world, policy.serving, refused)
+    new.update(served.status)
+    new["conditions"] = conditions.merge(new["conditions"], served.conditions, generation, now)
+    engines_ready = any(
+        c["type"] == "EngineReady" and c["status"] == "True" for c in new["conditions"]
+    )
+    if engines_ready and new["phase"] == "Deploying" and served.ready:
+        new["phase"] = "Ready"
     retry = [s.next_retry for s in states.values() if s.next_retry is not None]
     requeue = max(0.0, (min(retry) - now).total_seconds()) + 0.5 if retry else None
-    return _step(previous, new, version, creates, requeue, frozenset(wants))
+    return _step(
+        previous,
+        new,
+        version,
+        creates,
+        requeue,
+        frozenset(wants),
+        served.effects,
+        served.served_keys,
+    )
 
 
 def _step(
@@ -324,10 +376,14 @@ def _step(
     creates: list[CreateObject],
     requeue: float | None,
     wants: frozenset[EngineRef],
+    workloads: tuple[ApplyObject | PatchObject | DeleteObject, ...] = (),
+    served_keys: frozenset[str] = frozenset(),
 ) -> Step:
     changes = _changes(previous, new)
     return Step(
         creates=tuple(creates),
+        workloads=workloads,
+        served_keys=served_keys,
         status=PatchStatus(changes, version) if changes else None,
         events=tuple(transitions(previous, new)) if changes else (),
         requeue_after=requeue,

@@ -84,6 +84,7 @@ def engine_status(
     generation: int,
     desired_replicas: int,
     now: dt.datetime,
+    serving_managed: bool = False,
 ) -> dict[str, Any]:
     """The status fields this reconcile owns (engines, summary, phase, conditions)."""
     prev_conditions = previous.get("conditions") or []
@@ -201,6 +202,15 @@ def engine_status(
     else:
         phase = "Pending"
     updates = [cond]
+    if serving_managed:
+        # serving.py reports Available, Progressing, replicas and the READY column.
+        return {
+            "observedGeneration": generation,
+            "phase": phase,
+            "engines": entries,
+            "engineSummary": summary,
+            "conditions": conditions.merge(prev_conditions, updates, generation, now),
+        }
     updates.append(
         {
             "type": "Available",

@@ -49,6 +49,9 @@ NAMESPACED_RULES: set[Rule] = {
     ("", "pods", frozenset({"list", "watch"})),
     ("", "configmaps", frozenset({"list", "watch", "create", "patch", "delete"})),
     ("", "persistentvolumeclaims", frozenset({"list", "watch"})),
+    ("apps", "deployments", frozenset({"list", "watch", "patch", "delete"})),
+    ("", "services", frozenset({"list", "watch", "patch"})),
+    ("policy", "poddisruptionbudgets", frozenset({"list", "watch", "patch"})),
 }
 CLUSTER_RULES: set[Rule] = {
     ("", "nodes", frozenset({"list", "watch"})),
@@ -704,6 +707,11 @@ def qualified(group: str, resource: str) -> list[str]:
         ("list", "nodes", "", True),
         ("watch", "nodes", "", True),
         ("create", "events", "-n=default", True),
+        ("list", "deployments.apps", "-A", True),
+        ("patch", "deployments.apps", "-n=default", True),
+        ("delete", "deployments.apps", "-n=default", True),
+        ("patch", "services", "-n=default", True),
+        ("patch", "poddisruptionbudgets.policy", "-n=default", True),
         ("list", "customresourcedefinitions.apiextensions.k8s.io", "", True),
         ("watch", "customresourcedefinitions.apiextensions.k8s.io", "", True),
         # what it must not do: no get of anything (informers only), no Secret at all, no pod
@@ -739,6 +747,10 @@ def qualified(group: str, resource: str) -> list[str]:
         ("list", "events", "-n=default", False),
         ("create", "events.events.k8s.io", "-n=default", False),
         ("create", "deployments.apps", "-n=kube-system", False),
+        ("get", "deployments.apps", "-n=default", False),
+        ("update", "deployments.apps", "-n=default", False),
+        ("delete", "services", "-n=default", False),
+        ("patch", "deployments.apps/scale", "-n=default", False),
         ("create", "clusterrolebindings.rbac.authorization.k8s.io", "", False),
         ("escalate", "clusterroles.rbac.authorization.k8s.io", "", False),
         ("impersonate", "serviceaccounts", "-A", False),

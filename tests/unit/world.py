@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cosyvoice_operator import buildjob, gpus
+from cosyvoice_operator import buildjob, gpus, workloads
 
 from .objects import CACHE, node
 
@@ -18,6 +18,9 @@ class FakeWorld:
     records: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     job_list: list[Mapping[str, Any]] = field(default_factory=list)
     pod_list: dict[str, list[Mapping[str, Any]]] = field(default_factory=dict)
+    # (kind, name) -> object, for what the serving planner reads
+    objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    serving_pod_list: list[Mapping[str, Any]] = field(default_factory=list)
 
     def gpu_nodes(self) -> Sequence[gpus.GPUNode]:
         found = (gpus.GPUNode.from_node(n) for n in self.nodes)
@@ -39,3 +42,18 @@ class FakeWorld:
 
     def pods(self, namespace: str, job: str) -> Sequence[Mapping[str, Any]]:
         return self.pod_list.get(job, [])
+
+    def deployments(self, namespace: str, service: str) -> Sequence[Mapping[str, Any]]:
+        return [
+            d
+            for d in self.objects.values()
+            if d.get("kind") == "Deployment"
+            and (d["metadata"].get("labels") or {}).get(workloads.SERVICE_LABEL) == service
+        ]
+
+    def owned(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        found = self.objects.get((kind, name))
+        return found
+
+    def serving_pods(self, namespace: str, service: str) -> Sequence[Mapping[str, Any]]:
+        return self.serving_pod_list

@@ -114,12 +114,26 @@ informers, so there is no `get` anywhere, and it reads no Secret at all.
   verbs: ["list", "watch", "create", "delete"]
 # Engine records, one ConfigMap per engine: followed by an informer, created once, merge-patched
 # as the engine's state changes, and deleted (by uid) with the engine once no service has
-# referenced it for config.engineRetentionSeconds.
+# referenced it for config.engineRetentionSeconds. The Triton model repositories, one
+# ConfigMap per service and GPU architecture: server-side applied (patch).
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["list", "watch", "create", "patch", "delete"]
-# Build pods, followed by an informer: why a build waits, what it said at its end. The
-# operator never creates a pod itself (the Job controller does).
+# The serving workloads of each service, owned by it (the garbage collector removes them with
+# it): server-side applied (patch) only when what the operator renders changed; a Deployment
+# of an architecture the service no longer runs on is deleted.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["list", "watch", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["list", "watch", "patch"]
+# Build and serving pods, followed by an informer: why a build waits, what it said at its end,
+# why a serving pod cannot be scheduled. The operator never creates a pod itself (the Job and
+# ReplicaSet controllers do).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
@@ -127,8 +141,8 @@ informers, so there is no `get` anywhere, and it reads no Secret at all.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["list", "watch"]
-# No Secret rule: spec.model.credentialsSecret is read by the build pod (envFrom), never by the
-# operator.
+# No Secret rule: spec.model.credentialsSecret is read by the build pod (secretKeyRef), never
+# by the operator.
 {{- if and .Values.peering.enabled .Values.watchNamespaces }}
 # kopf peering between replicas, one KopfPeering per served namespace (watched, and patched
 # with each replica's keep-alive).

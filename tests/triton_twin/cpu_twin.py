@@ -1,0 +1,344 @@
+"""The CPU twin of the operator's Triton model repository, in the real ``tritonserver``.
+
+The operator renders the repository for GPUs; this module turns it into one that loads on a
+machine without any (:func:`to_cpu`), lays it out with the Python stand-ins of
+``standins/<model>/model.py`` (:func:`write_repository`), runs the ``tritonserver`` binary
+that the ``nvidia-pytriton`` wheel ships (:class:`TritonServer`), and serves the OpenAI
+chat-completions call CosyVoice3's orchestrator makes to trtllm-serve (:class:`LlmStandIn`).
+
+What a CPU cannot show: GPU placement, device memory, real latencies, the TensorRT-LLM
+backend. What it does show: that Triton itself accepts every config as rendered (names,
+inputs, outputs, batching, priorities, decoupled policy, parameters, instance counts), and that
+streams flow through the orchestrator's BLS calls in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+STANDINS = Path(__file__).parent / "standins"
+
+
+def to_cpu(repository: Mapping[str, str]) -> dict[str, str]:
+    """The same repository with every ``KIND_GPU`` instance group made ``KIND_CPU``.
+
+    The one transform between what the operator renders and what the twin loads:
+
+    - an instance group of kind ``KIND_GPU`` becomes ``KIND_CPU`` and loses its ``gpus``
+      list; its ``count`` is kept (on a GPU it means ``count`` instances on each listed GPU,
+      on the CPU ``count`` instances in all);
+    - the ``tensorrtllm`` backend (CosyVoice2's ``tensorrt_llm``) becomes ``python``: the
+      TensorRT-LLM backend is not in the pytriton wheel, and ``standins/tensorrt_llm``
+      stands in for it under the same name, interface and parameters.
+
+    Nothing else changes: every other field of every config is kept as parsed (the text is
+    written again by protobuf, so its layout is protobuf's).
+    """
+    twin: dict[str, str] = {}
+    for name, text in repository.items():
+        config = text_format.Parse(text, mc.ModelConfig())
+        for group in config.instance_group:
+            if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+                group.kind = mc.ModelInstanceGroup.KIND_CPU
+                del group.gpus[:]
+        if config.backend == "tensorrtllm":
+            config.backend = "python"
+        twin[name] = text_format.MessageToString(config)
+    return twin
+
+
+def write_repository(repository: Mapping[str, str], root: Path) -> Path:
+    """``root/<model>/config.pbtxt`` and ``root/<model>/1/model.py`` (the stand-in)."""
+    for name, text in repository.items():
+        standin = STANDINS / name / "model.py"
+        if not standin.is_file():
+            raise FileNotFoundError(f"no stand-in for model {name!r}: expected {standin}")
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(text)
+        shutil.copy(standin, root / name / "1" / "model.py")
+    return root
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free on 127.0.0.1 now (all held open together, so they differ)."""
+    with contextlib.ExitStack() as stack:
+        sockets = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+
+
+def _pytriton_dir() -> Path:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("nvidia-pytriton is not installed: pip install -e '.[test]'")
+    return Path(spec.origin).parent
+
+
+def _python_backend(into: Path) -> Path:
+    """A backend directory whose Python backend embeds this interpreter's Python version.
+
+    The wheel ships the backend without its stub; the stub built for each Python version is
+    beside it (``python_backend_stubs/<major.minor>``) and is copied in, as pytriton does.
+    """
+    dist = _pytriton_dir() / "tritonserver"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise RuntimeError(f"the pytriton wheel has no Python backend stub for Python {version}")
+    python = into / "python"
+    shutil.copytree(
+        dist / "backends" / "python", python, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copy(stub, python / "triton_python_backend_stub")
+    (python / "triton_python_backend_stub").chmod(0o755)
+    return into
+
+
+def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+class TritonServer:
+    """``tritonserver`` from the pytriton wheel on free 127.0.0.1 ports, for one repository."""
+
+    def __init__(self, repository: Path, work: Path, env: Mapping[str, str] | None = None) -> None:
+        self.repository = repository
+        self.work = work
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
+        self.log = work / "tritonserver.log"
+        self.extra_env = dict(env or {})
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def start(self, ready_timeout: float = 90.0) -> None:
+        pytriton = _pytriton_dir()
+        backends = _python_backend(self.work / "backends")
+        env = dict(os.environ, **self.extra_env)
+        # The server's own libraries, then this interpreter's libpython: the stub embeds the
+        # Python that runs the tests (the system's libpython3.X is the fallback).
+        libs = [str(pytriton.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR")]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [*libs, env.get("LD_LIBRARY_PATH")]))
+        # The embedded Python finds its prefix (and so the venv's NumPy) from PATH.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        argv = [
+            str(pytriton / "tritonserver" / "bin" / "tritonserver"),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={backends}",
+            # Configs load as rendered: no field filled in by the backends.
+            "--disable-auto-complete-config",
+            "--strict-readiness=true",
+            "--http-address=127.0.0.1",
+            f"--http-port={self.http_port}",
+            "--grpc-address=127.0.0.1",
+            f"--grpc-port={self.grpc_port}",
+            "--metrics-address=127.0.0.1",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-gpu-metrics=false",
+            # Shared-memory regions of this server only (the default prefix is global).
+            f"--backend-config=python,shm-region-prefix-name=cvtwin{os.getpid()}{secrets.token_hex(3)}",
+            # Python-backend instances unload one after the other, about a second each; a
+            # test has no use for a graceful unload (the stubs end with the server).
+            "--exit-timeout-secs=3",
+        ]
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
+            with contextlib.suppress(OSError):
+                if _get(f"{self.http}/v2/health/ready")[0] == 200:
+                    return
+            time.sleep(0.2)
+        raise TimeoutError(f"tritonserver not ready after {ready_timeout:.0f}s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        # The CUDA/NVML complaints of a machine without a GPU are noise here.
+        kept = [line for line in text.splitlines() if "NVML" not in line and "CUDA" not in line]
+        return "\n".join(kept[-lines:])
+
+    def model_config(self, model: str) -> dict[str, Any]:
+        """The config Triton loaded, as its HTTP API returns it (JSON)."""
+        status, body = _get(f"{self.http}/v2/models/{model}/config")
+        if status != 200:
+            raise AssertionError(f"GET config of {model}: {status} {body[:300]!r}")
+        loaded: dict[str, Any] = json.loads(body)
+        return loaded
+
+    def model_ready(self, model: str) -> bool:
+        return _get(f"{self.http}/v2/models/{model}/ready")[0] == 200
+
+    def metrics(self) -> str:
+        status, body = _get(self.metrics_url)
+        if status != 200:
+            raise AssertionError(f"GET {self.metrics_url}: {status}")
+        return body.decode()
+
+
+@contextlib.contextmanager
+def running(server: TritonServer) -> Iterator[TritonServer]:
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+# ---- trtllm-serve's side of CosyVoice3 ---------------------------------------------------
+
+TOKENS_PER_CHARACTER = 3
+MIN_TOKENS = 20
+TOKENS_PER_EVENT = 3
+EVENT_SECONDS = 0.002
+
+
+def speech_token_count(user_text: str, max_tokens: int) -> int:
+    """How many speech tokens the stand-in LLM answers for a prompt text."""
+    return min(max_tokens, max(MIN_TOKENS, TOKENS_PER_CHARACTER * len(user_text)))
+
+
+class _ChatHandler(http.server.BaseHTTPRequestHandler):
+    server: _ChatServer
+
+    def do_POST(self) -> None:
+        if self.path != "/v1/chat/completions":
+            self.send_error(404)
+            return
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        self.server.record(body)
+        count = speech_token_count(body["messages"][0]["content"], int(body["max_tokens"]))
+        tokens = [f"<|s_{i}|>" for i in range(count)]
+        if not body.get("stream"):
+            answer = json.dumps(
+                {
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": "".join(tokens)}}
+                    ]
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+            return
+        # Server-sent events, as trtllm-serve streams them; the connection ends the stream.
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i in range(0, count, TOKENS_PER_EVENT):
+            time.sleep(EVENT_SECONDS)
+            delta = {"choices": [{"index": 0, "delta": {"content": "".join(tokens[i : i + 3])}}]}
+            self.wfile.write(f"data: {json.dumps(delta)}\n\n".encode())
+            self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the test reports what matters."""
+
+
+class _ChatServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port: int) -> None:
+        super().__init__(("127.0.0.1", port), _ChatHandler)
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def record(self, body: dict[str, Any]) -> None:
+        with self.lock:
+            self.requests.append(body)
+
+
+class LlmStandIn:
+    """One stand-in trtllm-serve per rendered LLM URL, each on a free port.
+
+    ``remap`` maps each rendered URL (``http://localhost:8010/...``) to its stand-in; the
+    tritonserver environment hands it to the orchestrator stand-in
+    (``COSYVOICE_TWIN_LLM_REMAP``), so that the repository itself is left as rendered and
+    concurrent test runs do not fight over port 8010.
+    """
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.servers = [_ChatServer(port) for port in free_ports(len(urls))]
+        self.threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in self.servers]
+
+    @property
+    def remap(self) -> dict[str, str]:
+        return {
+            url: f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
+            for url, server in zip(self.urls, self.servers, strict=True)
+        }
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"COSYVOICE_TWIN_LLM_REMAP": json.dumps(self.remap)}
+
+    def requests_per_server(self) -> list[int]:
+        return [len(s.requests) for s in self.servers]
+
+    def __enter__(self) -> LlmStandIn:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for server in self.servers:
+            server.shutdown()
+            server.server_close()

@@ -1,0 +1,192 @@
+"""CPU stand-in for upstream's CosyVoice2 orchestrator (``model_repo/cosyvoice2/1/model.py``).
+
+The same interface and the same work through BLS as upstream's: the reference audio through
+``audio_tokenizer`` and ``speaker_embedding`` (or a built-in speaker without one), the prompt
+through ``tensorrt_llm`` (streamed when decoupled), and the speech tokens through ``token2wav``
+in chunks with upstream's schedule: the first after 15 + 3 look-ahead tokens, then hops of
+25 x 2^k tokens, the rest with ``finalize``; every chunk carries the request's id. Decoupled,
+it sends each chunk as a response as soon as it has it and ends with the final flag; otherwise
+it answers once with the whole audio.
+
+Unlike upstream's it has no tokenizer (a text token per UTF-8 byte) and no torch: it asks
+every BLS response in host memory (``preferred_memory``) and keeps NumPy arrays, the pattern
+the serving image's model code needs (see ``cosyvoice_operator.triton``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
+
+ORIGINAL_VOCAB_SIZE = 151663
+FIRST_HOP_TOKENS = 15
+LOOKAHEAD_TOKENS = 3
+TOKEN_RATE = 25
+MAX_TOKENS = 750
+EMBEDDING_SIZE = 192
+MEL_BINS = 80
+
+
+def host_array(tensor: Any) -> Any:
+    """The tensor as NumPy; it must be in host memory (input policy or preferred_memory)."""
+    if not tensor.is_cpu():
+        raise pb_utils.TritonModelException(f"tensor {tensor.name()} is in device memory")
+    return tensor.as_numpy()
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.host = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
+
+    def _request(self, model: str, inputs: dict[str, Any], outputs: list[str], **kw: Any) -> Any:
+        return pb_utils.InferenceRequest(
+            model_name=model,
+            requested_output_names=outputs,
+            inputs=[pb_utils.Tensor(name, value) for name, value in inputs.items()],
+            preferred_memory=self.host,
+            **kw,
+        )
+
+    def _call(self, model: str, inputs: dict[str, Any], output: str, **kw: Any) -> Any:
+        response = self._request(model, inputs, [output], **kw).exec()
+        if response.has_error():
+            raise pb_utils.TritonModelException(response.error().message())
+        return host_array(pb_utils.get_output_tensor_by_name(response, output))
+
+    def _prompt(self, request: Any) -> tuple[str, Any, Any, Any]:
+        """Reference text, prompt speech tokens [1, T], mel features [1, 2T, 80], embedding."""
+        wav = pb_utils.get_input_tensor_by_name(request, "reference_wav")
+        if wav is None:  # upstream: the cached speaker of spk2info.pt
+            tokens = (ORIGINAL_VOCAB_SIZE + np.arange(50, dtype=np.int32)).reshape(1, -1)
+            embedding = np.zeros((1, EMBEDDING_SIZE), dtype=np.float16)
+            text = ""
+        else:
+            wav_array = host_array(wav)
+            wav_len = host_array(pb_utils.get_input_tensor_by_name(request, "reference_wav_len"))
+            tokens = self._call(
+                "audio_tokenizer",
+                {"reference_wav": wav_array, "reference_wav_len": wav_len},
+                "prompt_speech_tokens",
+            )
+            embedding = self._call(
+                "speaker_embedding",
+                {"reference_wav": wav_array[:, : int(wav_len.item())]},
+                "prompt_spk_embedding",
+            )
+            reference = pb_utils.get_input_tensor_by_name(request, "reference_text")
+            text = host_array(reference).reshape(-1)[0].decode("utf-8")
+        feat = np.zeros((1, 2 * tokens.shape[1], MEL_BINS), dtype=np.float16)
+        return text, tokens, feat, embedding
+
+    def _llm(self, text: str, prompt_tokens: Any) -> Iterator[list[int]]:
+        text_ids = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+        input_ids = np.concatenate([text_ids.reshape(1, -1), prompt_tokens], axis=1)
+
+        def one(value: Any, dtype: Any) -> Any:
+            return np.array([[value]], dtype=dtype)
+
+        inputs = {
+            "input_ids": input_ids.astype(np.int32),
+            "input_lengths": one(input_ids.shape[1], np.int32),
+            "request_output_len": one(MAX_TOKENS, np.int32),
+            "end_id": one(ORIGINAL_VOCAB_SIZE - 1, np.int32),
+            "pad_id": one(ORIGINAL_VOCAB_SIZE - 1, np.int32),
+            "streaming": one(self.decoupled, np.bool_),
+            "runtime_top_p": one(0.95, np.float32),
+            "runtime_top_k": one(50, np.int32),
+            "temperature": one(0.8, np.float32),
+            "repetition_penalty": one(1.1, np.float32),
+            "random_seed": one(42, np.uint64),
+        }
+        request = self._request("tensorrt_llm", inputs, ["output_ids", "sequence_length"])
+        responses = request.exec(decoupled=self.decoupled)
+        for response in responses if self.decoupled else [responses]:
+            if response.has_error():
+                raise pb_utils.TritonModelException(response.error().message())
+            ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
+            if ids is None:  # an empty final response
+                continue
+            length = host_array(pb_utils.get_output_tensor_by_name(response, "sequence_length"))
+            yield host_array(ids)[0][0][: int(length[0][0])].tolist()
+
+    def _token2wav(
+        self,
+        tokens: list[int],
+        request_id: str,
+        prompt: tuple[str, Any, Any, Any],
+        offset: int | None,
+        finalize: bool,
+    ) -> Any:
+        _, prompt_tokens, feat, embedding = prompt
+        inputs = {
+            "target_speech_tokens": np.array([tokens], dtype=np.int32),
+            "prompt_speech_tokens": prompt_tokens,
+            "prompt_speech_feat": feat,
+            "prompt_spk_embedding": embedding,
+        }
+        if offset is not None:
+            inputs["token_offset"] = np.array([[offset]], dtype=np.int32)
+            inputs["finalize"] = np.array([[finalize]], dtype=np.bool_)
+        return self._call("token2wav", inputs, "waveform", request_id=request_id)
+
+    def _target(self, request: Any) -> str:
+        text = host_array(pb_utils.get_input_tensor_by_name(request, "target_text"))
+        return str(text.reshape(-1)[0].decode("utf-8"))
+
+    def _stream(self, request: Any) -> None:
+        sender = request.get_response_sender()
+        request_id = request.request_id() or str(uuid.uuid4())
+
+        def send(audio: Any) -> None:
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio)]))
+
+        prompt = self._prompt(request)
+        tokens: list[int] = []
+        offset, hop, chunk = 0, FIRST_HOP_TOKENS, 0
+        for new in self._llm(prompt[0] + self._target(request), prompt[1]):
+            tokens += new
+            while len(tokens) - offset >= hop + LOOKAHEAD_TOKENS:
+                window = tokens[: offset + hop + LOOKAHEAD_TOKENS]
+                send(self._token2wav(window, request_id, prompt, offset, False))
+                offset += hop
+                hop = TOKEN_RATE * 2**chunk  # upstream's "exponential" strategy
+                chunk += 1
+        send(self._token2wav(tokens, request_id, prompt, offset, True))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _offline(self, request: Any) -> Any:
+        prompt = self._prompt(request)
+        tokens = [t for new in self._llm(prompt[0] + self._target(request), prompt[1]) for t in new]
+        audio = self._token2wav(
+            tokens, request.request_id() or str(uuid.uuid4()), prompt, None, True
+        )
+        return pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio)])
+
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        if not self.decoupled:
+            responses = []
+            for request in requests:
+                try:
+                    responses.append(self._offline(request))
+                except Exception as exc:  # reported to the client
+                    responses.append(
+                        pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+                    )
+            return responses
+        for request in requests:
+            try:
+                self._stream(request)
+            except Exception as exc:  # reported to the client
+                sender = request.get_response_sender()
+                sender.send(
+                    pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
+        return None
