@@ -322,10 +322,13 @@ def chaos(bench: Bench, n: int, seed: int, logs: Path) -> dict[str, Any]:
         wait("the operator", op.report, 60)
         started = time.monotonic()
         bench.create_many(ns, [service_body(f"c{i}", f"rev-{seed}-{i}") for i in range(n)])
+        ready_at_kill = []
         for _ in range(4):
-            time.sleep(rng.uniform(0.5, 6.0))
+            time.sleep(rng.uniform(0.5, 3.0))
             kills.append(round(time.monotonic() - started, 2))
             op.kill()
+            # How far the rollout was when the operator died (proves it died mid-rollout).
+            ready_at_kill.append(engine_ready(bench.get("cvs", "-n", ns)["items"]))
             op = Operator(bench, ns, log)
 
         def converged() -> list[dict[str, Any]] | None:
@@ -343,6 +346,7 @@ def chaos(bench: Bench, n: int, seed: int, logs: Path) -> dict[str, Any]:
             "seed": seed,
             "services": n,
             "kills_at_seconds": kills,
+            "ready_services_at_each_kill": ready_at_kill,
             "converged_seconds": round(seconds, 2),
             "duplicate_jobs": sum(c - 1 for c in per_key.values() if c > 1),
             "orphan_jobs": sum(1 for k in per_key if k not in keys),
