@@ -44,6 +44,9 @@ LISTED_KINDS = {
     "pods",
     "persistentvolumeclaims",
     "nodes",
+    "deployments",
+    "services",
+    "poddisruptionbudgets",
 }
 
 
