@@ -384,6 +384,7 @@ class Controller:
         if new is None:
             self.by_namespace[ns].discard(key[2])
             self._set_wants(key, frozenset())
+            self.served.pop(key, None)
             self._gc(ns)
             return
         self.by_namespace[ns].add(key[2])
@@ -620,6 +621,7 @@ class Controller:
         body = self.services.get(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self._set_wants(key, frozenset())
+            self.served.pop(key, None)
             return None
         policy = self.settings.policy
         step = lifecycle.reconcile_service(body, self.world, self.clock(), policy)

@@ -479,7 +479,8 @@ def test_a_cache_claim_deleted_and_created_again_is_built_into_anew(
 ) -> None:
     # The new claim of the same name is empty: the engine recorded in the old one must
     # not count as built, or serving would find no files.
-    cluster.apply(ns, service("recreated", serving={"nodeSelector": L20}))
+    # No serving pods (replicas 0): they would hold the claim too, as on a real cluster.
+    cluster.apply(ns, service("recreated", replicas=0, serving={"nodeSelector": L20}))
     first = wait_engine_ready(cluster, ns, "recreated")
     [old_job] = jobs(cluster, ns)
     # The finished build pod still holds the claim (PVC protection), as on a real cluster:
