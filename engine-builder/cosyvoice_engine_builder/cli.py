@@ -1,4 +1,7 @@
-"""``cosyvoice-engine-builder build|verify|remove``: the engine Jobs' entry point.
+"""``cosyvoice-engine-builder``: the engine Jobs' entry point (``build|verify|remove``).
+
+It is also the serving container's (``serve``), whose exit codes are listed in
+:mod:`~cosyvoice_engine_builder.serve`; the rest of this docstring is about the Jobs.
 
 Exit codes (the operator's Job and retry policy rely on them):
 
@@ -31,7 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from cosyvoice_engine_builder import __version__, termination
+from cosyvoice_engine_builder import __version__, serve, termination
 from cosyvoice_engine_builder.fetch import Downloaders
 from cosyvoice_engine_builder.lock import LockTimeout
 from cosyvoice_engine_builder.manifest import verify_engine_dir
@@ -134,6 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds to wait for a builder of the same key (default: forever)",
     )
+
+    serve.add_arguments(
+        sub.add_parser(
+            "serve",
+            help="the serving container: check the engine against this pod, then run "
+            "trtllm-serve (cosyvoice3) and Triton",
+        )
+    )
     return parser
 
 
@@ -183,6 +194,8 @@ def main(
         return _verify(args, console, report)
     if args.command == "remove":
         return _remove(args, console, report)
+    if args.command == "serve":
+        return serve.serve(args, env, console)
     return _build(args, env, console, redactor, report, downloaders)
 
 

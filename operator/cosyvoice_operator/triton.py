@@ -72,8 +72,11 @@ Ours:
   TensorRT version, which only the manifest knows (``layout.flowEstimatorPlan``,
   ``layout.speakerEmbeddingPlan``): the models that load plans get ``engine_manifest`` and
   ``plans_dir``. Upstream's pinned code instead looks for its own plan names in
-  ``model_dir`` and builds them when absent, which a read-only engine mount refuses: the
-  serving image must resolve the plans from the manifest.
+  ``model_dir`` and builds them when absent, which a read-only engine mount refuses. So
+  ``model_dir`` is :data:`MODEL_VIEW`, a writable directory the serving entrypoint
+  (``cosyvoice-engine-builder serve``) fills at start: links to the engine's ``model/`` files
+  and, under the names upstream's code asks for, to the plans the build Job prebuilt (it reads
+  their names from the manifest).
 
 Device memory between GPUs. A tensor that one model leaves on GPU *a* and another model on
 GPU *b* reads as device memory fails (TensorRT-LLM discussion #15476). What this
@@ -128,6 +131,8 @@ MODEL_NAMES: dict[str, tuple[str, ...]] = {
     "cosyvoice3": ("cosyvoice3", "token2wav", "vocoder", "audio_tokenizer", "speaker_embedding"),
 }
 LLM_BASE_PORT = 8010
+# The model directory the serving entrypoint assembles in the pod (see the module docstring).
+MODEL_VIEW = "/tmp/model_view"
 LLM_CHAT_PATH = "/v1/chat/completions"
 # Upstream's bls_instance_num, which it runs on a single GPU.
 ORCHESTRATOR_INSTANCES_PER_GPU: dict[str, int] = {"cosyvoice2": 4, "cosyvoice3": 10}
@@ -412,7 +417,7 @@ _ORCHESTRATOR_MAX_BATCH = 1
 def _orchestrator(svc: ServiceSpec, paths: EnginePaths) -> dict[str, Value]:
     params = {
         **_HOST_INPUTS,
-        "model_dir": paths.model,
+        "model_dir": MODEL_VIEW,
         "llm_tokenizer_dir": paths.tokenizer,
         "dynamic_chunk_strategy": "exponential",
     }
@@ -458,7 +463,7 @@ def _token2wav(svc: ServiceSpec, paths: EnginePaths) -> dict[str, Value]:
             _tensor("finalize", "BOOL", [1], scalar=True, optional=True),
         ],
         [output],
-        {"model_dir": paths.model, "engine_manifest": paths.manifest, "plans_dir": paths.plans},
+        {"model_dir": MODEL_VIEW, "engine_manifest": paths.manifest, "plans_dir": paths.plans},
         priorities=svc.model.variant == "cosyvoice3",
     )
 
@@ -469,7 +474,7 @@ def _vocoder(svc: ServiceSpec, paths: EnginePaths) -> dict[str, Value]:
         svc,
         [_tensor("mel", "FP32", [80, -1]), _tensor("finalize", "BOOL", [1], scalar=True)],
         [_tensor("tts_speech", "FP32", [-1])],
-        {"model_dir": paths.model},
+        {"model_dir": MODEL_VIEW},
     )
 
 
@@ -479,7 +484,7 @@ def _audio_tokenizer(svc: ServiceSpec, paths: EnginePaths) -> dict[str, Value]:
         svc,
         [_tensor("reference_wav", "FP32", [-1]), _tensor("reference_wav_len", "INT32", [1])],
         [_tensor("prompt_speech_tokens", "INT32", [-1])],
-        {"model_dir": paths.model},
+        {"model_dir": MODEL_VIEW},
     )
 
 
@@ -489,7 +494,7 @@ def _speaker_embedding(svc: ServiceSpec, paths: EnginePaths) -> dict[str, Value]
         svc,
         [_tensor("reference_wav", "FP32", [-1])],
         [_tensor("prompt_spk_embedding", "FP16", [-1])],
-        {"model_dir": paths.model, "engine_manifest": paths.manifest, "plans_dir": paths.plans},
+        {"model_dir": MODEL_VIEW, "engine_manifest": paths.manifest, "plans_dir": paths.plans},
     )
 
 

@@ -374,10 +374,13 @@ def test_paths_point_inside_the_engine_directory(variant: str) -> None:
     configs = rendered(svc_of(variant))
     for name, config in configs.items():
         for key, value in params(config).items():
-            if key.endswith(("_dir", "_path", "_manifest")) and key != "executor_worker_path":
+            if key == "model_dir":
+                # The view the serving entrypoint assembles over the engine's model/ files.
+                assert value == triton.MODEL_VIEW, (name, value)
+            elif key.endswith(("_dir", "_path", "_manifest")) and key != "executor_worker_path":
                 assert value.startswith(ENGINE_DIR + "/"), (name, key, value)
     bls = params(configs[triton.orchestrator(variant)])
-    assert bls["model_dir"] == f"{ENGINE_DIR}/model"
+    assert bls["model_dir"] == triton.MODEL_VIEW
     assert bls["llm_tokenizer_dir"] == f"{ENGINE_DIR}/model/llm"
     for name in ("token2wav", "speaker_embedding"):  # the models that load TensorRT plans
         assert params(configs[name])["plans_dir"] == f"{ENGINE_DIR}/plans"
@@ -408,4 +411,4 @@ def test_engine_layout_matches_the_builders() -> None:
 def test_quotes_and_backslashes_are_escaped() -> None:
     svc = svc_of("cosyvoice2")
     config = parse(triton.render_repository(svc, '/engines/we"ird\\dir')["token2wav"])
-    assert params(config)["model_dir"] == '/engines/we"ird\\dir/model'
+    assert params(config)["plans_dir"] == '/engines/we"ird\\dir/plans'

@@ -1,0 +1,108 @@
+"""The serving image's definition agrees with the builder's and with `serve`'s defaults.
+
+The image cannot be built here (no Docker); what can be checked is that it cannot drift
+from the builder image's base (a different TensorRT would make every engine unloadable),
+that upstream's code is pinned to one commit everywhere it is named, and that the paths
+and entry point the Dockerfile sets up are the ones `serve` expects.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from cosyvoice_engine_builder import serve
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SERVING = REPO_ROOT / "serving-image" / "Dockerfile"
+BUILDER = REPO_ROOT / "engine-builder" / "Dockerfile"
+README = REPO_ROOT / "serving-image" / "README.md"
+SHORT_COMMIT = "ace7c47"
+_FROM_RE = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?\s*$", re.I)
+
+
+def _instructions(path: Path) -> list[str]:
+    """The Dockerfile's instructions, continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n", " ", path.read_text())
+    return [
+        line.strip()
+        for line in joined.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def _froms(path: Path) -> list[tuple[str, str | None]]:
+    froms = []
+    for line in _instructions(path):
+        match = _FROM_RE.match(line)
+        if match:
+            froms.append((match.group(1), match.group(2)))
+    return froms
+
+
+def _args(path: Path) -> dict[str, str]:
+    args = {}
+    for line in _instructions(path):
+        match = re.match(r"^ARG\s+([A-Za-z_][A-Za-z0-9_]*)=(\S+)$", line)
+        if match:
+            args[match.group(1)] = match.group(2)
+    return args
+
+
+def test_every_stage_starts_from_the_builders_base_image() -> None:
+    builder = _froms(BUILDER)
+    assert len(builder) == 1
+    base = builder[0][0]
+    assert base == "nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3"
+    serving = _froms(SERVING)
+    stages = {name for _, name in serving if name}
+    images = {image for image, _ in serving if image not in stages}
+    assert images == {base}
+    # The image that ships is the base itself, not a stage built on something else.
+    assert serving[-1] == (base, None)
+
+
+def test_upstream_is_pinned_to_one_full_commit_everywhere() -> None:
+    commit = _args(SERVING)["COSYVOICE_COMMIT"]
+    assert re.fullmatch(r"[0-9a-f]{40}", commit)
+    assert commit.startswith(SHORT_COMMIT)
+    # Every hash that names a CosyVoice commit is this one; stages re-declare the ARG
+    # without a value instead of repeating it.
+    dockerfile = SERVING.read_text()
+    assert re.findall(r"\b[0-9a-f]{40}\b", dockerfile) == [commit]
+    assert "ARG COSYVOICE_COMMIT\n" in dockerfile
+    readme = README.read_text()
+    assert commit in readme and SHORT_COMMIT in readme
+    assert set(re.findall(r"\b[0-9a-f]{40}\b", readme)) <= {commit, _matcha_commit(readme)}
+
+
+def _matcha_commit(readme: str) -> str:
+    """The Matcha-TTS submodule commit the README states (recorded by ace7c47)."""
+    match = re.search(r"Matcha-TTS[^\n]*?\b([0-9a-f]{40})\b", readme)
+    assert match, "the README names the Matcha-TTS commit"
+    return match.group(1)
+
+
+def test_the_image_puts_things_where_serve_looks_for_them() -> None:
+    instructions = _instructions(SERVING)
+    entrypoints = [line for line in instructions if line.startswith("ENTRYPOINT")]
+    assert len(entrypoints) == 1
+    assert json.loads(entrypoints[0].removeprefix("ENTRYPOINT")) == [
+        "cosyvoice-engine-builder",
+        "serve",
+    ]
+    dockerfile = SERVING.read_text()
+    # serve's --model-code default is where the upstream stage's models are copied.
+    assert Path("/opt/cosyvoice/models") == serve.DEFAULT_MODEL_CODE
+    assert "COPY --from=upstream /out/opt/cosyvoice /opt/cosyvoice" in dockerfile
+    assert 'mkdir -p "${out}/models/${variant}/${name}"' in dockerfile
+    # Only upstream's code directories: config.pbtxt files come from the operator.
+    assert 'cp -r "${model}1" "${out}/models/${variant}/${name}/1"' in dockerfile
+    assert "config.pbtxt" not in re.sub(r"#.*", "", dockerfile)
+    # The writable places serve defaults to are under the pod's /tmp emptyDir.
+    assert serve.DEFAULT_MODEL_REPOSITORY.parent == Path("/tmp")
+    assert serve.DEFAULT_MODEL_VIEW.parent == Path("/tmp")
+    assert "HOME=/tmp" in dockerfile
+    users = [line for line in instructions if line.startswith("USER")]
+    assert users == ["USER 1000:1000"]
