@@ -46,6 +46,8 @@ class OperatorConfig:
     superseded_grace_seconds: float = 30.0
     # Reconciles run at once (each service by one at a time).
     workers: int = 4
+    # The rate window of the autoscaler's Prometheus queries.
+    metrics_window_seconds: int = 60
     prometheus_url: str = ""
     # With kopf peering: how long a replica that stopped touching the peering object is
     # still taken for alive (kopf's lifetime); a standby takes over after it.
@@ -79,6 +81,9 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
     retention = _float(env, "COSYVOICE_ENGINE_RETENTION_SECONDS", 7 * 24 * 3600.0)
     grace = _float(env, "COSYVOICE_SUPERSEDED_GRACE_SECONDS", 30.0)
     workers = _int(env, "COSYVOICE_WORKERS", 4)
+    window = _int(env, "COSYVOICE_METRICS_WINDOW_SECONDS", 60)
+    if window < 2:
+        raise ConfigError("COSYVOICE_METRICS_WINDOW_SECONDS: at least 2 (two scrapes)")
     if workers < 1:
         raise ConfigError("COSYVOICE_WORKERS: at least 1")
     lifetime = _int(env, "COSYVOICE_PEERING_LIFETIME_SECONDS", 60)
@@ -132,6 +137,7 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
         engine_retention_seconds=retention,
         superseded_grace_seconds=grace,
         workers=workers,
+        metrics_window_seconds=window,
         prometheus_url=env.get("COSYVOICE_PROMETHEUS_URL", ""),
         peering_lifetime_seconds=lifetime,
     )

@@ -29,7 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import buildjob, cleanup, gpus, lifecycle, peering, workloads
+from . import autoscaler, buildjob, cleanup, gpus, lifecycle, peering, triton, workloads
+from .autoscaling import Recommendation
 from .effects import ApplyObject, CreateObject, DeleteObject, PatchObject, PostEvent
 from .informer import Cache, Informer, Obj
 from .kube import (
@@ -39,6 +40,7 @@ from .kube import (
     CORE_SERVICES,
     DEPLOYMENTS,
     DISRUPTION_BUDGETS,
+    HORIZONTAL_AUTOSCALERS,
     JOBS,
     KINDS_BY_NAME,
     NODES,
@@ -49,6 +51,8 @@ from .kube import (
     Kube,
     KubeError,
 )
+from .metrics_source import PrometheusSource
+from .spec import SpecError, parse
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +128,13 @@ def keep_deployment(obj: Obj) -> Obj:
 
 def keep_owned(obj: Obj) -> Obj:
     return {"metadata": _meta(obj)}
+
+
+def keep_autoscaler(obj: Obj) -> Obj:
+    return {
+        "metadata": _meta(obj),
+        "spec": {"scaleTargetRef": (obj.get("spec") or {}).get("scaleTargetRef") or {}},
+    }
 
 
 def is_record(obj: Mapping[str, Any]) -> bool:
@@ -288,6 +299,9 @@ class Settings:
     cleanup: cleanup.CleanupSettings
     workers: int = 4
     peering: tuple[str, int] | None = None  # (peering name, own priority)
+    # Prometheus the autoscaler reads when a service names none, and its rate window.
+    prometheus_url: str = ""
+    metrics_window_seconds: int = 60
 
 
 class Controller:
@@ -326,6 +340,10 @@ class Controller:
         self.deployments = informers(DEPLOYMENTS, self._on_deployment, MANAGED, keep_deployment)
         self.core_services = informers(CORE_SERVICES, self._on_owned, MANAGED, keep_owned)
         self.budgets = informers(DISRUPTION_BUDGETS, self._on_owned, MANAGED, keep_owned)
+        # Other autoscalers, to report (never fight) one that writes the same replica count.
+        self.autoscalers = informers(
+            HORIZONTAL_AUTOSCALERS, self._on_autoscaler, "", keep_autoscaler
+        )
         self.caches = [
             self.services,
             self.jobs,
@@ -336,6 +354,7 @@ class Controller:
             self.deployments,
             self.core_services,
             self.budgets,
+            self.autoscalers,
         ]
         self.peerings: Cache | None = None
         if settings.peering is not None:
@@ -356,6 +375,9 @@ class Controller:
             },
         )
         self.served: dict[ServiceKey, frozenset[str]] = {}
+        # Per service: the autoscaler's recent recommendations (its stabilization windows).
+        self.recommendations: dict[tuple[str, str], tuple[Recommendation, ...]] = {}
+        self.sources: dict[str, PrometheusSource] = {}
         self.by_namespace: dict[str, set[str]] = collections.defaultdict(set)
         self.interest: dict[lifecycle.EngineRef, set[ServiceKey]] = collections.defaultdict(set)
         self.wants: dict[ServiceKey, frozenset[lifecycle.EngineRef]] = {}
@@ -391,6 +413,8 @@ class Controller:
         if old is None or _generation(old) != _generation(new):
             self.queue.add(key)
             self._gc(ns)
+            if ((new.get("spec") or {}).get("autoscaling") or {}).get("enabled"):
+                self.queue.add(("scale", ns, key[2]))
 
     def _wake_engine(self, obj: Obj) -> None:
         meta = obj["metadata"]
@@ -446,6 +470,14 @@ class Controller:
         obj = new or old
         assert obj is not None
         self._wake_owner(obj)
+
+    def _on_autoscaler(self, old: Obj | None, new: Obj | None) -> None:
+        obj = new or old
+        assert obj is not None
+        ns = str(obj["metadata"].get("namespace"))
+        for name in list(self.by_namespace.get(ns, ())):
+            self.queue.add(("svc", ns, name))
+            self.queue.add(("scale", ns, name))
 
     def _on_owned(self, old: Obj | None, new: Obj | None) -> None:
         obj = new or old
@@ -512,6 +544,9 @@ class Controller:
     def _enqueue_everything(self) -> None:
         for svc in self.services:
             self.queue.add(self._svc_key(svc))
+            if ((svc.get("spec") or {}).get("autoscaling") or {}).get("enabled"):
+                _, ns, name = self._svc_key(svc)
+                self.queue.add(("scale", ns, name))
         namespaces = {self._svc_key(s)[1] for s in self.services} | {
             str(r["metadata"].get("namespace")) for r in self.records if is_record(r)
         }
@@ -599,7 +634,12 @@ class Controller:
                 continue
             self.busy_since[number] = (time.monotonic(), key)
             try:
-                requeue = await (self._reconcile(key) if key[0] == "svc" else self._cleanup(key[1]))
+                if key[0] == "svc":
+                    requeue = await self._reconcile(key)
+                elif key[0] == "scale":
+                    requeue = await self._autoscale(key[1], key[2])
+                else:
+                    requeue = await self._cleanup(key[1])
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -670,6 +710,82 @@ class Controller:
         await self.kube.post_event(
             event.regarding or service, event.type, event.reason, event.message
         )
+
+    # ---- one service's autoscaling evaluation ---------------------------------------------
+
+    def _source(self, url: str) -> PrometheusSource:
+        if url not in self.sources:
+            self.sources[url] = PrometheusSource(
+                url, window_seconds=self.settings.metrics_window_seconds
+            )
+        return self.sources[url]
+
+    async def _autoscale(self, namespace: str, name: str) -> float | None:
+        """One evaluation: sample, decide, write what changed; the next one after the
+        service's evaluation interval. Stops (no requeue) when the service goes or turns its
+        autoscaler off."""
+        body = self.services.get(namespace, name)
+        ref = (namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            self.recommendations.pop(ref, None)
+            return None
+        try:
+            svc = parse(body.get("spec") or {})
+        except SpecError:
+            return None
+        if not svc.autoscaling.enabled:
+            self.recommendations.pop(ref, None)
+            return None
+        interval = float(svc.autoscaling.evaluation_interval_seconds)
+        deployments = self.world.deployments(namespace, name)
+        if not deployments:
+            return interval  # nothing serves yet: nothing to scale
+        pods = self.world.serving_pods(namespace, name)
+        fleet = autoscaler.fleet(deployments, pods)
+        now = self.clock()
+        url = svc.autoscaling.prometheus_url or self.settings.prometheus_url
+        ready = autoscaler.ready_pod_names(pods)
+        if not url:
+            obs = autoscaler.unavailable(
+                autoscaler.NO_PROMETHEUS,
+                "no Prometheus to read: set spec.autoscaling.prometheusUrl or the operator's "
+                "COSYVOICE_PROMETHEUS_URL (chart value config.prometheusUrl)",
+                now,
+            )
+        elif not ready:
+            obs = autoscaler.unavailable(
+                autoscaler.NO_PODS, "no serving pod is Ready yet: nothing to measure", now
+            )
+        else:
+            sample = await self._source(url).sample(
+                namespace, ready, triton.orchestrator(svc.model.variant)
+            )
+            obs = autoscaler.observation(sample, now)
+        decision = autoscaler.decide(svc, obs, fleet, self.recommendations.get(ref, ()), now)
+        self.recommendations[ref] = decision.history
+        names = {str(d["metadata"]["name"]) for d in deployments}
+        found = autoscaler.conflicts(
+            name,
+            svc,
+            [h for h in self.autoscalers if h["metadata"].get("namespace") == namespace],
+            names,
+        )
+        generation = int(body["metadata"].get("generation") or 0)
+        changes, events = autoscaler.status_update(
+            body.get("status") or {}, svc, decision, obs, found, generation, now
+        )
+        if changes:
+            patch = {
+                "metadata": {"resourceVersion": body["metadata"].get("resourceVersion")},
+                "status": changes,
+            }
+            if not await self.kube.merge_patch(SERVICES, namespace, name, patch, "status"):
+                return 0.5  # the service changed meanwhile: evaluate again on the newer copy
+            for kind, reason, message in events:
+                await self.kube.post_event(body, kind, reason, message)
+            # The serving plan sizes the Deployments from status.autoscaling.desiredReplicas.
+            self.queue.add(("svc", namespace, name))
+        return interval
 
     # ---- one namespace's cleanup ---------------------------------------------------------
 

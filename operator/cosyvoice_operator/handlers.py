@@ -37,6 +37,8 @@ def settings_from(cfg: config.OperatorConfig, peering: tuple[str, int] | None) -
         ),
         workers=cfg.workers,
         peering=peering,
+        prometheus_url=cfg.prometheus_url,
+        metrics_window_seconds=cfg.metrics_window_seconds,
     )
 
 

@@ -79,6 +79,7 @@ EVENTS = Kind("v1", "events")
 DEPLOYMENTS = Kind("apps/v1", "deployments")
 CORE_SERVICES = Kind("v1", "services")
 DISRUPTION_BUDGETS = Kind("policy/v1", "poddisruptionbudgets")
+HORIZONTAL_AUTOSCALERS = Kind("autoscaling/v2", "horizontalpodautoscalers")
 CLUSTER_PEERINGS = Kind("kopf.dev/v1", "clusterkopfpeerings", namespaced=False)
 PEERINGS = Kind("kopf.dev/v1", "kopfpeerings")
 KINDS_BY_OBJECT = {

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import gpus, workloads
+from .autoscaler import desired_replicas
 from .buildjob import EngineState
 from .effects import ApplyObject, DeleteObject, PatchObject
 from .engine import EnginePlan
@@ -96,7 +97,7 @@ def plan_serving(
     meta = body.get("metadata") or {}
     name, namespace = str(meta.get("name")), str(meta.get("namespace"))
     existing = {_arch_of(d): d for d in world.deployments(namespace, name)}
-    desired_total = svc.replicas
+    desired_total = desired_replicas(svc, body.get("status") or {})
     # GPUs the service may use per architecture: the weights of the replica split.
     capacity: dict[str, int] = {}
     for node in world.gpu_nodes():

@@ -52,6 +52,7 @@ NAMESPACED_RULES: set[Rule] = {
     ("apps", "deployments", frozenset({"list", "watch", "patch", "delete"})),
     ("", "services", frozenset({"list", "watch", "patch"})),
     ("policy", "poddisruptionbudgets", frozenset({"list", "watch", "patch"})),
+    ("autoscaling", "horizontalpodautoscalers", frozenset({"list", "watch"})),
 }
 CLUSTER_RULES: set[Rule] = {
     ("", "nodes", frozenset({"list", "watch"})),
@@ -279,6 +280,7 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
                 "workers": 8,
                 "peeringLifetimeSeconds": 20,
                 "prometheusUrl": "http://prometheus:9090",
+                "metricsWindowSeconds": 30,
             }
         ),
         'nodeSelector={"role":"ops"}',
@@ -302,6 +304,7 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
         "COSYVOICE_WORKERS": "8",
         "COSYVOICE_PEERING_LIFETIME_SECONDS": "20",
         "COSYVOICE_PROMETHEUS_URL": "http://prometheus:9090",
+        "COSYVOICE_METRICS_WINDOW_SECONDS": "30",
         "COSYVOICE_ALLOWED_IMAGE_PREFIXES": "registry.example/,nvcr.io/nvidia/tritonserver:",
     }
     # And the operator accepts them as they are.

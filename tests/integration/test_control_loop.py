@@ -47,6 +47,7 @@ LISTED_KINDS = {
     "deployments",
     "services",
     "poddisruptionbudgets",
+    "horizontalpodautoscalers",
 }
 
 

@@ -15,7 +15,7 @@ def test_defaults_from_an_empty_environment() -> None:
     assert c.build == BuildSettings()
     assert c.allowed_image_prefixes == ()
     assert c.engine_retention_seconds == 7 * 24 * 3600
-    assert (c.superseded_grace_seconds, c.workers) == (30.0, 4)
+    assert (c.superseded_grace_seconds, c.workers, c.metrics_window_seconds) == (30.0, 4, 60)
     assert c.prometheus_url == ""
     b = c.build
     assert b.default_builder_image.startswith("ghcr.io/cosyvoice-operator/engine-builder:")
@@ -36,9 +36,14 @@ def test_empty_values_mean_defaults() -> None:
         "COSYVOICE_BUILD_SERVICE_ACCOUNT",
         "COSYVOICE_BUILD_POD_ANNOTATIONS",
         "COSYVOICE_IMAGE_PULL_SECRETS",
-        "COSYVOICE_RESYNC_SECONDS",
+        "COSYVOICE_BUILD_SCRATCH_SIZE",
+        "COSYVOICE_ENGINE_RETENTION_SECONDS",
+        "COSYVOICE_SUPERSEDED_GRACE_SECONDS",
+        "COSYVOICE_WORKERS",
+        "COSYVOICE_ALLOWED_IMAGE_PREFIXES",
         "COSYVOICE_PEERING_LIFETIME_SECONDS",
         "COSYVOICE_PROMETHEUS_URL",
+        "COSYVOICE_METRICS_WINDOW_SECONDS",
     ]
     assert config.load(dict.fromkeys(names, "")) == OperatorConfig()
 

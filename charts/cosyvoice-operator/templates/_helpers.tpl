@@ -131,6 +131,11 @@ informers, so there is no `get` anywhere, and it reads no Secret at all.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["list", "watch", "patch"]
+# Other autoscalers, followed by an informer: one that targets a service or its Deployments
+# while the operator's autoscaler runs is reported as ScalingConflict, never fought.
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["list", "watch"]
 # Build and serving pods, followed by an informer: why a build waits, what it said at its end,
 # why a serving pod cannot be scheduled. The operator never creates a pod itself (the Job and
 # ReplicaSet controllers do).

@@ -11,11 +11,15 @@ it answers once with the whole audio.
 Unlike upstream's it has no tokenizer (a text token per UTF-8 byte) and no torch: it asks
 every BLS response in host memory (``preferred_memory``) and keeps NumPy arrays, the pattern
 the serving image's model code needs (see ``cosyvoice_operator.triton``).
+
+Service time: see :class:`Pace` (the closed-loop harness sets it; unset, nothing changes).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -39,11 +43,33 @@ def host_array(tensor: Any) -> Any:
     return tensor.as_numpy()
 
 
+class Pace:
+    """The service time the closed-loop harness asks for (a test seam, read at load time).
+
+    ``COSYVOICE_TWIN_SERVICE_SECONDS``: each request holds its orchestrator instance at least
+    this long; ``COSYVOICE_TWIN_FIRST_CHUNK_SECONDS`` (default a quarter of it) of that
+    passes before its first audio. Unset: as fast as the stand-ins go.
+    """
+
+    def __init__(self) -> None:
+        self.total = float(os.environ.get("COSYVOICE_TWIN_SERVICE_SECONDS") or 0)
+        first = os.environ.get("COSYVOICE_TWIN_FIRST_CHUNK_SECONDS")
+        self.first = min(self.total, float(first) if first else self.total / 4)
+
+    @staticmethod
+    def wait(start: float, seconds: float) -> None:
+        """Sleep until ``seconds`` after ``start`` (a ``time.monotonic()``), if not past."""
+        left = start + seconds - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.host = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
+        self.pace = Pace()
 
     def _request(self, model: str, inputs: dict[str, Any], outputs: list[str], **kw: Any) -> Any:
         return pb_utils.InferenceRequest(
@@ -143,9 +169,14 @@ class TritonPythonModel:
     def _stream(self, request: Any) -> None:
         sender = request.get_response_sender()
         request_id = request.request_id() or str(uuid.uuid4())
+        start, sent = time.monotonic(), 0
 
         def send(audio: Any) -> None:
+            nonlocal sent
+            if not sent:
+                self.pace.wait(start, self.pace.first)
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio)]))
+            sent += 1
 
         prompt = self._prompt(request)
         tokens: list[int] = []
@@ -158,15 +189,21 @@ class TritonPythonModel:
                 offset += hop
                 hop = TOKEN_RATE * 2**chunk  # upstream's "exponential" strategy
                 chunk += 1
-        send(self._token2wav(tokens, request_id, prompt, offset, True))
+        last = self._token2wav(tokens, request_id, prompt, offset, True)
+        if sent:  # the last audio comes at the end of the service time
+            self.pace.wait(start, self.pace.total)
+        send(last)
+        self.pace.wait(start, self.pace.total)
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _offline(self, request: Any) -> Any:
+        start = time.monotonic()
         prompt = self._prompt(request)
         tokens = [t for new in self._llm(prompt[0] + self._target(request), prompt[1]) for t in new]
         audio = self._token2wav(
             tokens, request.request_id() or str(uuid.uuid4()), prompt, None, True
         )
+        self.pace.wait(start, self.pace.total)
         return pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio)])
 
     def execute(self, requests: list[Any]) -> list[Any] | None:

@@ -13,7 +13,8 @@ tensor-parallel group and requests go round-robin over them, each instance start
 own index (upstream reads one ``llm_api_base``). Unlike upstream's it has no torch and asks
 every BLS response in host memory. One seam for the test only, outside the repository:
 ``COSYVOICE_TWIN_LLM_REMAP`` (JSON, URL -> URL) points the rendered localhost URLs at the
-test's stand-in servers, which listen on free ports.
+test's stand-in servers, which listen on free ports. Service time: see :class:`Pace` (the
+closed-loop harness sets it; unset, nothing changes).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import itertools
 import json
 import os
 import re
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -46,6 +48,27 @@ def host_array(tensor: Any) -> Any:
     return tensor.as_numpy()
 
 
+class Pace:
+    """The service time the closed-loop harness asks for (a test seam, read at load time).
+
+    ``COSYVOICE_TWIN_SERVICE_SECONDS``: each request holds its orchestrator instance at least
+    this long; ``COSYVOICE_TWIN_FIRST_CHUNK_SECONDS`` (default a quarter of it) of that
+    passes before its first audio. Unset: as fast as the stand-ins go.
+    """
+
+    def __init__(self) -> None:
+        self.total = float(os.environ.get("COSYVOICE_TWIN_SERVICE_SECONDS") or 0)
+        first = os.environ.get("COSYVOICE_TWIN_FIRST_CHUNK_SECONDS")
+        self.first = min(self.total, float(first) if first else self.total / 4)
+
+    @staticmethod
+    def wait(start: float, seconds: float) -> None:
+        """Sleep until ``seconds`` after ``start`` (a ``time.monotonic()``), if not past."""
+        left = start + seconds - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
@@ -59,6 +82,7 @@ class TritonPythonModel:
         # first requests of many instances do not all go to the first group.
         instance = re.search(r"(\d+)$", args.get("model_instance_name", ""))
         self.turn = itertools.count(int(instance.group(1)) if instance else 0)
+        self.pace = Pace()
 
     def _call(self, model: str, inputs: dict[str, Any], output: str, **kw: Any) -> Any:
         response = pb_utils.InferenceRequest(
@@ -165,6 +189,7 @@ class TritonPythonModel:
     def _stream(self, request: Any) -> None:
         sender = request.get_response_sender()
         request_id = request.request_id() or str(uuid.uuid4())
+        start = time.monotonic()
         prompt = self._prompt(request)
         target = host_array(pb_utils.get_input_tensor_by_name(request, "target_text"))
         mel = np.zeros((1, MEL_BINS, 0), dtype=np.float32)
@@ -176,6 +201,8 @@ class TritonPythonModel:
             mel = np.concatenate([mel, part], axis=2)
             speech = self._speech(mel, finalize)
             if speech.shape[1] > sent:
+                # The first audio after its share of the service time, the last at its end.
+                self.pace.wait(start, self.pace.total if finalize and sent else self.pace.first)
                 new = speech[:, sent:]
                 sent = speech.shape[1]
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", new)]))
@@ -191,9 +218,11 @@ class TritonPythonModel:
                 index += 1
         if tokens:
             chunk(tokens, offset, True, index)
+        self.pace.wait(start, self.pace.total)
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _offline(self, request: Any) -> Any:
+        start = time.monotonic()
         prompt = self._prompt(request)
         target = host_array(pb_utils.get_input_tensor_by_name(request, "target_text"))
         tokens = list(self._llm(prompt[0] + target.reshape(-1)[0].decode("utf-8"), prompt[1]))
@@ -201,6 +230,7 @@ class TritonPythonModel:
             raise ValueError("the LLM generated no speech tokens")
         request_id = request.request_id() or str(uuid.uuid4())
         speech = self._speech(self._mel(tokens, request_id, prompt, None, True, 1), True)
+        self.pace.wait(start, self.pace.total)
         return pb_utils.InferenceResponse([pb_utils.Tensor("waveform", speech)])
 
     def execute(self, requests: list[Any]) -> list[Any] | None:

@@ -1,0 +1,177 @@
+"""The closed-loop harness on its own: two "pods" given as a list (no cluster), a real
+tritonserver each, listed in the file_sd file, scraped by a real Prometheus, loaded by the
+generator; a pod that goes takes its process with it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cosyvoice_operator import triton
+from tests.closed_loop.harness import (
+    LoadGenerator,
+    PodServers,
+    Prometheus,
+    read_targets,
+    ready_pods,
+    twin_repository,
+)
+from tests.triton_twin.test_twin import parse, service
+
+NS = "voices"
+SERVICE_SECONDS = 0.4
+
+
+def test_twin_repository_caps_instances_and_nothing_else() -> None:
+    svc = service("cosyvoice3")
+    full, capped = twin_repository(svc, None), twin_repository(svc, 2)
+    assert list(full) == list(capped) == list(triton.render_repository(svc, "/e"))
+    assert [g.count for g in parse(full["cosyvoice3"]).instance_group] == [10]
+    for name in full:
+        before, after = parse(full[name]), parse(capped[name])
+        assert [g.count for g in after.instance_group] == [
+            min(2, g.count) for g in before.instance_group
+        ]
+        for group in [*before.instance_group, *after.instance_group]:
+            group.count = 0
+        assert before == after, name
+
+
+class FakeKubectl:
+    def __init__(self, items: list[dict[str, object]], returncode: int = 0) -> None:
+        self.items = items
+        self.returncode = returncode
+        self.calls: list[tuple[str, ...]] = []
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        self.calls.append(args)
+        out = json.dumps({"items": self.items})
+        return subprocess.CompletedProcess(args, self.returncode, out, "forbidden")
+
+
+def pod(name: str, ready: bool, deleting: bool = False) -> dict[str, object]:
+    meta: dict[str, object] = {"name": name}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    status = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    return {"metadata": meta, "status": status}
+
+
+def test_ready_pods_are_the_ready_ones_not_being_deleted() -> None:
+    kubectl = FakeKubectl([pod("b", True), pod("a", True), pod("c", False), pod("d", True, True)])
+    assert ready_pods(kubectl, NS, "app=x")() == ["a", "b"]
+    assert kubectl.calls == [("get", "pods", "-n", NS, "-l", "app=x", "-o", "json")]
+    with pytest.raises(RuntimeError, match="forbidden"):
+        ready_pods(FakeKubectl([], returncode=1), NS, "app=x")()
+
+
+@pytest.mark.timeout(180)
+def test_two_pods_are_served_scraped_and_loaded_and_one_goes(tmp_path: Path) -> None:
+    targets = tmp_path / "targets.json"
+    pods = {"tts-a", "tts-b"}
+    servers = PodServers(
+        service("cosyvoice3"),
+        tmp_path / "pods",
+        targets,
+        namespace=NS,
+        pods=lambda: set(pods),
+        service_seconds=SERVICE_SECONDS,
+    )
+    with servers, Prometheus(tmp_path, targets) as prometheus:
+        started = time.monotonic()
+        servers.wait_live(["tts-a", "tts-b"], timeout=60)
+        print(f"\ntwo tritonservers live after {time.monotonic() - started:.1f}s")
+        live = servers.live()
+        assert read_targets(targets) == {
+            f"127.0.0.1:{live[p].metrics_port}": (NS, p) for p in ("tts-a", "tts-b")
+        }
+        prometheus.wait_up(["tts-a", "tts-b"])
+        print(f"both scraped after {time.monotonic() - started:.1f}s")
+        pending = prometheus.query(f'nv_inference_pending_request_count{{namespace="{NS}"}}')
+        assert {(r["metric"]["pod"], r["metric"]["model"]) for r in pending} >= {
+            ("tts-a", "cosyvoice3"),
+            ("tts-b", "cosyvoice3"),
+        }
+
+        with LoadGenerator(servers.grpc_urls, servers.model) as load:
+            # Closed loop, 2 in flight: nobody waits, each request takes the service time.
+            mark = time.monotonic()
+            load.set_concurrency(2)
+            time.sleep(3)
+            load.set_concurrency(0)
+            # Open loop on top: Poisson arrivals at 5/s.
+            load.set_rate(5)
+            time.sleep(3)
+            load.stop()
+            summary = load.summary(since=mark)
+            assert summary.completed >= 15 and summary.failed == 0, summary
+            done = [r for r in load.records(since=mark) if r.ok]
+            assert all(r.total_s is not None and r.total_s >= SERVICE_SECONDS for r in done)
+            assert summary.first_chunk_p50_s is not None
+            assert summary.first_chunk_p50_s < SERVICE_SECONDS  # the first audio comes early
+            per_server = load.per_server(since=mark)
+            assert sorted(per_server) == sorted(servers.grpc_urls())
+            assert min(per_server.values()) >= 5, per_server
+            assert servers.llm is not None and sum(servers.llm.requests_per_server()) >= 15
+            success = prometheus.query(
+                f'sum by (pod) (nv_inference_request_success{{namespace="{NS}"}})'
+            )
+            assert all(float(r["value"][1]) > 0 for r in success) and len(success) == 2
+
+            # tts-b goes: out of the file, its process stopped; the load follows tts-a alone.
+            gone = live["tts-b"]
+            pods.discard("tts-b")
+            servers.wait_live(["tts-a"], timeout=30)
+            assert list(read_targets(targets).values()) == [(NS, "tts-a")]
+            deadline = time.monotonic() + 30
+            while not servers.stopped():
+                assert time.monotonic() < deadline, "tts-b's tritonserver still runs"
+                time.sleep(0.2)
+            assert [p.pod for p in servers.stopped()] == ["tts-b"]
+            assert gone.process is not None and gone.process.poll() is not None
+            assert [(p, what) for _, p, what in servers.history if p == "tts-b"] == [
+                ("tts-b", "live"),
+                ("tts-b", "stopped"),
+            ]
+            mark = time.monotonic()
+            load.set_concurrency(2)
+            time.sleep(1.5)
+            load.stop()
+            assert set(load.per_server(since=mark)) == {live["tts-a"].grpc}
+
+        # A restart keeps the address and scrapes again.
+        url = prometheus.url
+        prometheus.restart()
+        assert prometheus.url == url
+        prometheus.wait_up(["tts-a"])
+        assert not servers.failures
+    assert read_targets(targets) == {}
+    assert live["tts-a"].process is not None and live["tts-a"].process.poll() is not None
+
+
+@pytest.mark.timeout(120)
+def test_a_cosyvoice2_pod_is_served_too(tmp_path: Path) -> None:
+    """CosyVoice2's twin (an LLM model inside Triton, no stand-in server), lightly loaded."""
+    servers = PodServers(
+        service("cosyvoice2"),
+        tmp_path / "pods",
+        tmp_path / "targets.json",
+        namespace=NS,
+        pods=lambda: ["tts-c"],
+        service_seconds=0.2,
+    )
+    with servers, LoadGenerator(servers.grpc_urls, servers.model) as load:
+        assert servers.llm is None and servers.model == "cosyvoice2"
+        servers.wait_live(["tts-c"], timeout=60)
+        load.set_concurrency(2)
+        time.sleep(2)
+        load.stop()
+        summary = load.summary()
+        # Within the orchestrator's instances; a lost stub would still not be the harness's.
+        assert summary.completed >= 4 and not summary.unexplained_errors, summary
