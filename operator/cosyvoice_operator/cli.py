@@ -45,6 +45,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
         priority = args.priority if args.priority is not None else random_priority()
         handlers.PEERING = (args.peering, priority)
         print(f"peering {args.peering!r} with priority {priority}", file=sys.stderr)
+    if args.metrics_port is not None:
+        from .operator_metrics import serve
+
+        try:
+            serve(args.metrics_port, args.metrics_address)
+        except OSError as exc:
+            print(
+                f"error: cannot serve metrics on {args.metrics_address}:{args.metrics_port}: "
+                f"{exc.strerror}",
+                file=sys.stderr,
+            )
+            return 1
     kopf.configure(verbose=args.verbose)
     kopf.run(
         standalone=args.peering is None,
@@ -233,6 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="peering priority (the highest live one is active); default: random per process",
     )
     run.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve the operator's Prometheus metrics on this port (/metrics)",
+    )
+    run.add_argument("--metrics-address", default="0.0.0.0", help="address of the metrics endpoint")
     run.add_argument("--verbose", action="store_true")
     run.set_defaults(func=_cmd_run)
 

@@ -29,7 +29,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import autoscaler, buildjob, cleanup, gpus, lifecycle, peering, triton, workloads
+from . import (
+    autoscaler,
+    buildjob,
+    cleanup,
+    gpus,
+    lifecycle,
+    operator_metrics,
+    peering,
+    triton,
+    workloads,
+)
 from .autoscaling import Recommendation
 from .effects import ApplyObject, CreateObject, DeleteObject, PatchObject, PostEvent
 from .informer import Cache, Informer, Obj
@@ -535,6 +545,7 @@ class Controller:
         if why != self.standby_reason:
             log.info("standing by: %s" if why else "active: %s", why or f"priority {priority}")
         self.standby_reason = why
+        operator_metrics.ACTIVE.set(1 if why is None else 0)
         if why is None and not self.active.is_set():
             self.active.set()
             self._enqueue_everything()
@@ -591,6 +602,7 @@ class Controller:
             *(len(c) for c in self.caches[:7]),
         )
         if self.peerings is None:
+            operator_metrics.ACTIVE.set(1)
             self.active.set()
             self._enqueue_everything()
         else:
@@ -728,6 +740,7 @@ class Controller:
         ref = (namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.recommendations.pop(ref, None)
+            operator_metrics.forget(namespace, name)
             return None
         try:
             svc = parse(body.get("spec") or {})
@@ -735,6 +748,7 @@ class Controller:
             return None
         if not svc.autoscaling.enabled:
             self.recommendations.pop(ref, None)
+            operator_metrics.forget(namespace, name)
             return None
         interval = float(svc.autoscaling.evaluation_interval_seconds)
         deployments = self.world.deployments(namespace, name)
@@ -763,6 +777,16 @@ class Controller:
             obs = autoscaler.observation(sample, now)
         decision = autoscaler.decide(svc, obs, fleet, self.recommendations.get(ref, ()), now)
         self.recommendations[ref] = decision.history
+        operator_metrics.record_evaluation(
+            namespace,
+            name,
+            decision.direction,
+            svc.autoscaling.mode,
+            decision.replicas,
+            fleet.ready,
+            obs.queue_latency_ms,
+            "" if obs.available else obs.unavailable_reason,
+        )
         names = {str(d["metadata"]["name"]) for d in deployments}
         found = autoscaler.conflicts(
             name,

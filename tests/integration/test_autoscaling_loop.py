@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from tests.conftest import Cluster
 from tests.integration.operator_process import (
     OperatorProcess,
     cache_claim,
+    free_port,
     get_json,
     service,
     wait_for,
@@ -133,10 +136,15 @@ def test_queue_latency_drives_replicas_in_a_closed_loop(
         service_seconds=0.4,
         max_instances=2,
     )
+    metrics_port = free_port()
     op = OperatorProcess(
         cluster,
         ns,
         tmp_path,
+        "--metrics-port",
+        str(metrics_port),
+        "--metrics-address",
+        "127.0.0.1",
         COSYVOICE_PROMETHEUS_URL=prometheus.url,
         COSYVOICE_METRICS_WINDOW_SECONDS="10",
     ).start()
@@ -252,6 +260,15 @@ def test_queue_latency_drives_replicas_in_a_closed_loop(
             assert deployment_replicas(cluster, ns) == 1  # spec.replicas, untouched
             assert condition(status(cluster, ns), "ScalingActive").get("reason") == "DryRun"
             load.set_concurrency(0)
+        # The decisions are in the operator's own metrics too.
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+            exported = r.read().decode()
+        ups = re.findall(
+            r'cosyvoice_autoscaler_decisions_total\{direction="up",mode="Active"\} (\S+)', exported
+        )
+        assert ups and float(ups[0]) >= 1, exported[-2000:]
+        assert 'cosyvoice_service_desired_replicas{namespace="' + ns in exported
+        assert "cosyvoice_autoscaler_metrics_unavailable_total" in exported
         print(timeline.table())
         (tmp_path / "timeline.json").write_text(json.dumps(timeline.rows, indent=1))
         summary = load.summary()

@@ -144,3 +144,26 @@ def test_an_hpa_on_the_same_workload_is_a_conflict_reported_not_fought() -> None
         in conds["ScalingConflict"]["message"]
     )
     assert any(e[1] == "ScalingConflict" for e in events)
+
+
+def test_an_evaluation_is_counted_and_its_gauges_follow_the_service() -> None:
+    from prometheus_client import REGISTRY
+
+    from cosyvoice_operator import operator_metrics
+
+    def value(name: str, **labels: str) -> float | None:
+        found: float | None = REGISTRY.get_sample_value(name, labels)
+        return found
+
+    before = value("cosyvoice_autoscaler_decisions_total", direction="up", mode="Active") or 0.0
+    operator_metrics.record_evaluation("ml", "tts", "up", "Active", 4, 2, 120.0, "")
+    assert (
+        value("cosyvoice_autoscaler_decisions_total", direction="up", mode="Active") == before + 1
+    )
+    assert value("cosyvoice_service_desired_replicas", namespace="ml", service="tts") == 4
+    assert value("cosyvoice_service_ready_replicas", namespace="ml", service="tts") == 2
+    assert value("cosyvoice_service_queue_latency_seconds", namespace="ml", service="tts") == 0.12
+    operator_metrics.record_evaluation("ml", "tts", "hold", "Active", 4, 2, None, "Unreachable")
+    assert (value("cosyvoice_autoscaler_metrics_unavailable_total", reason="Unreachable") or 0) >= 1
+    operator_metrics.forget("ml", "tts")
+    assert value("cosyvoice_service_desired_replicas", namespace="ml", service="tts") is None
