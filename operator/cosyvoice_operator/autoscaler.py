@@ -162,12 +162,13 @@ def status_update(
         new["lastQueueLatencyMilliseconds"] = round(obs.queue_latency_ms, 2)
     events: list[tuple[str, str, str]] = []
     if decision.direction != "hold" or "lastDecision" not in prev:
-        record = {
+        inputs: dict[str, Any] = dict(decision.inputs)
+        record: dict[str, Any] = {
             "time": conditions.timestamp(now),
             "from": int(decision.inputs.get("current", 0) or 0),
             "to": decision.replicas,
             "reason": decision.reason,
-            "inputs": {k: v for k, v in decision.inputs.items()},
+            "inputs": inputs,
         }
         old = prev.get("lastDecision") or {}
         if (old.get("from"), old.get("to"), old.get("reason")) != (
@@ -175,6 +176,9 @@ def status_update(
             record["to"],
             record["reason"],
         ):
+            # A merge patch merges maps: inputs the new decision lacks are removed explicitly.
+            stale = {k: None for k in (old.get("inputs") or {}) if k not in decision.inputs}
+            record["inputs"] = {**stale, **inputs}
             new["lastDecision"] = record
             if decision.direction != "hold":
                 verb = "ScaledUp" if decision.direction == "up" else "ScaledDown"
@@ -229,8 +233,14 @@ def status_update(
         )
     prev_conds = previous.get("conditions") or []
     merged = conditions.merge(prev_conds, updates, generation, now)
-    before = {c["type"]: (c["status"], c["reason"], c["message"]) for c in prev_conds}
-    after = {c["type"]: (c["status"], c["reason"], c["message"]) for c in merged}
+
+    # MetricsAvailable's message carries live numbers: only its status and reason count.
+    def essence(c: Mapping[str, Any]) -> tuple[str, str, str]:
+        message = "" if c["type"] == "MetricsAvailable" else str(c.get("message", ""))
+        return (str(c["status"]), str(c["reason"]), message)
+
+    before = {c["type"]: essence(c) for c in prev_conds}
+    after = {c["type"]: essence(c) for c in merged}
     changes: dict[str, Any] = {}
     if after != before:
         changes["conditions"] = merged

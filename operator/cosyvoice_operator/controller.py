@@ -106,7 +106,7 @@ def keep_job(obj: Obj) -> Obj:
 def keep_pod(obj: Obj) -> Obj:
     st = obj.get("status") or {}
     return {
-        "metadata": _meta(obj, "creationTimestamp"),
+        "metadata": _meta(obj, "creationTimestamp", "deletionTimestamp"),
         "spec": {"nodeName": (obj.get("spec") or {}).get("nodeName")},
         "status": {
             "phase": st.get("phase"),
@@ -417,10 +417,14 @@ class Controller:
             self.by_namespace[ns].discard(key[2])
             self._set_wants(key, frozenset())
             self.served.pop(key, None)
+            self.queue.add(key)  # a pass in flight must not leave its wants behind
             self._gc(ns)
             return
         self.by_namespace[ns].add(key[2])
-        if old is None or _generation(old) != _generation(new):
+        if old is not None and _desired(old) != _desired(new):
+            # The autoscaler's count reached the cache: size the Deployments to it now.
+            self.queue.add(key)
+        if old is None or _generation(old) != _generation(new) or _uid(old) != _uid(new):
             self.queue.add(key)
             self._gc(ns)
             if ((new.get("spec") or {}).get("autoscaling") or {}).get("enabled"):
@@ -484,10 +488,13 @@ class Controller:
     def _on_autoscaler(self, old: Obj | None, new: Obj | None) -> None:
         obj = new or old
         assert obj is not None
+        if old is not None and new is not None and _target(old) == _target(new):
+            return  # its status moved: nothing the operator reads
         ns = str(obj["metadata"].get("namespace"))
         for name in list(self.by_namespace.get(ns, ())):
-            self.queue.add(("svc", ns, name))
-            self.queue.add(("scale", ns, name))
+            svc = self.services.get(ns, name)
+            if svc and ((svc.get("spec") or {}).get("autoscaling") or {}).get("enabled"):
+                self.queue.add(("scale", ns, name))
 
     def _on_owned(self, old: Obj | None, new: Obj | None) -> None:
         obj = new or old
@@ -654,6 +661,8 @@ class Controller:
                     requeue = await self._cleanup(key[1])
             except asyncio.CancelledError:
                 raise
+            except Backoff:
+                self.queue.add_rate_limited(key)
             except Exception:
                 delay = self.queue.add_rate_limited(key)
                 log.exception("reconciling %s %s/%s failed; again in %.1fs", *key, delay)
@@ -682,7 +691,7 @@ class Controller:
             try:
                 made = await self.kube.create(create.body)
             except KubeError as exc:
-                if exc.status == 0 or exc.status >= 500:
+                if exc.status in (0, 429) or exc.status >= 500:
                     raise  # the API server is in trouble: retry the pass with backoff
                 refused[create.name] = exc.api_message
                 continue
@@ -692,7 +701,7 @@ class Controller:
             try:
                 await self._carry_out(namespace, effect)
             except KubeError as exc:
-                if exc.status == 0 or exc.status >= 500:
+                if exc.status in (0, 429) or exc.status >= 500:
                     raise
                 refused[effect.name] = exc.api_message
         if refused:
@@ -710,12 +719,12 @@ class Controller:
             written = await self.kube.merge_patch(SERVICES, namespace, name, patch, "status")
             if not written:
                 # The service changed since the cache saw it (or our last write is still on
-                # its way back): look again shortly, with the newer copy.
-                return 0.5
+                # its way back): look again, with backoff, on the newer copy.
+                raise Backoff
             for event in step.events:
                 await self._post(body, event)
         if refused:
-            return self.queue.add_rate_limited(key)
+            raise Backoff
         return step.requeue_after
 
     async def _post(self, service: Mapping[str, Any], event: PostEvent) -> None:
@@ -776,7 +785,6 @@ class Controller:
             )
             obs = autoscaler.observation(sample, now)
         decision = autoscaler.decide(svc, obs, fleet, self.recommendations.get(ref, ()), now)
-        self.recommendations[ref] = decision.history
         operator_metrics.record_evaluation(
             namespace,
             name,
@@ -804,11 +812,12 @@ class Controller:
                 "status": changes,
             }
             if not await self.kube.merge_patch(SERVICES, namespace, name, patch, "status"):
-                return 0.5  # the service changed meanwhile: evaluate again on the newer copy
+                raise Backoff  # the service changed meanwhile: evaluate again, newer copy
             for kind, reason, message in events:
                 await self.kube.post_event(body, kind, reason, message)
-            # The serving plan sizes the Deployments from status.autoscaling.desiredReplicas.
-            self.queue.add(("svc", namespace, name))
+            # The Deployments follow once the new count reaches the cache (_on_service).
+        # Kept only once the evaluation counts (a conflict retried must not record twice).
+        self.recommendations[ref] = decision.history
         return interval
 
     # ---- one namespace's cleanup ---------------------------------------------------------
@@ -867,6 +876,19 @@ def _scheduled(obj: Mapping[str, Any]) -> Any:
 
 def _generation(obj: Mapping[str, Any]) -> Any:
     return (obj.get("metadata") or {}).get("generation")
+
+
+def _desired(obj: Mapping[str, Any]) -> Any:
+    return ((obj.get("status") or {}).get("autoscaling") or {}).get("desiredReplicas")
+
+
+def _target(obj: Mapping[str, Any]) -> Any:
+    return (obj.get("spec") or {}).get("scaleTargetRef")
+
+
+class Backoff(Exception):
+    """A pass that must be tried again with the key's growing backoff (a refused write, a
+    conflict), without being logged as a failure."""
 
 
 def _uid(obj: Mapping[str, Any]) -> str:

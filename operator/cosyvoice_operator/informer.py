@@ -144,7 +144,7 @@ class Informer:
         if kind == "DELETED":
             if before is not None:
                 del self.store[key]
-            self._emit(before, None)
+                self._emit(before, None)
         else:
             self.store[key] = obj
             self._emit(before, obj)

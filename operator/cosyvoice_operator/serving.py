@@ -13,6 +13,8 @@ fails leaves the old fleet serving, and `Progressing` says so.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -146,7 +148,12 @@ def plan_serving(
         )
         for obj in (repo, deployment):
             seen = world.owned(obj["kind"], namespace, obj["metadata"]["name"])
-            if workloads.applied_hash(seen) != workloads.applied_hash(obj):
+            drifted = (
+                obj["kind"] == "Deployment"
+                and seen is not None
+                and ((seen.get("spec") or {}).get("replicas") != obj["spec"]["replicas"])
+            )  # scaled by a merge patch while frozen, or by hand: the hash alone would miss it
+            if drifted or workloads.applied_hash(seen) != workloads.applied_hash(obj):
                 effects.append(ApplyObject(obj))
     for arch, stale in sorted(frozen.items()):
         keys.add(served_key(stale))
@@ -160,7 +167,28 @@ def plan_serving(
                 )
             )
     planned_archs = {t.identity.gpu_arch for t in plan.targets}
+    # Architectures that still have GPU nodes, Ready or not: a drained, NotReady or cordoned
+    # node must not take its architecture's fleet down; only the spec, or the last node of
+    # the architecture leaving the cluster, does.
+    present: set[str] = set()
+    for node in world.gpu_nodes():
+        whatever_its_state = dataclasses.replace(
+            node, ready=True, gpus=max(node.gpus, svc.serving.gpus_per_replica)
+        )
+        if not gpus.eligible(
+            whatever_its_state,
+            svc.serving.node_selector,
+            svc.serving.tolerations,
+            svc.serving.affinity,
+            svc.serving.gpus_per_replica,
+        ):
+            continue  # the spec keeps the service off this node
+        with contextlib.suppress(gpus.UnknownGPUProduct):
+            present.add(gpus.architecture(node.product))
     for arch, gone in sorted(existing.items()):
+        if arch not in planned_archs and not svc.engine.gpu_products and arch in present:
+            keys.add(served_key(gone))  # left as it is, its engine kept by the cleanup
+            continue
         if arch not in planned_archs:
             dmeta = gone.get("metadata") or {}
             effects.append(

@@ -116,11 +116,14 @@ class WorkQueue(Generic[K]):
         while True:
             if self.shut:
                 raise asyncio.CancelledError
+            # Cleared before looking, so an add (or a key falling due) after the look wakes us.
+            self._wakeup.clear()
             key = self.take_nowait()
             if key is not None:
                 return key
             wait = self._promote()
-            self._wakeup.clear()
+            if self._ready:
+                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
 

@@ -111,6 +111,8 @@ def loop_ns(cluster: Cluster) -> Any:
     name = cluster.namespace("scale")
     cluster.apply(name, cache_claim())
     yield name
+    # The service goes at once (a cluster-wide operator of a later test must not see it).
+    cluster.kubectl("delete", "cvs", "--all", "-n", name, "--timeout=60s", check=False)
     cluster.kubectl("delete", "namespace", name, "--wait=false")
 
 

@@ -147,9 +147,14 @@ def test_more_gpus_than_free_leaves_pods_pending_and_says_why(
 
     cond = wait_for("Progressing reason Unschedulable", unschedulable, timeout=90)
     assert "nvidia.com/gpu" in cond["message"]
-    obj = cvs(cluster, ns, "big")
+    obj = wait_for(
+        "the two pods that fit Ready",
+        lambda: (lambda o: o if o["status"].get("readySummary") == "2/3" else None)(
+            cvs(cluster, ns, "big")
+        ),
+        timeout=60,
+    )
     assert obj["status"]["phase"] == "Deploying"
-    assert obj["status"]["readySummary"] == "2/3"
     assert conditions(obj)["Available"]["status"] == "False"
     # Fewer replicas: it fits, and the condition clears.
     cluster.kubectl("scale", "cvs", "big", "-n", ns, "--replicas=2")

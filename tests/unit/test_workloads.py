@@ -260,3 +260,28 @@ def test_an_architecture_the_service_leaves_loses_its_deployment() -> None:
     plan = plan_of(only_l20, world, {})
     deletes = [e for e in plan.effects if isinstance(e, DeleteObject)]
     assert [d.name for d in deletes] == ["cvs-tts-sm90"]
+
+
+def test_a_node_going_notready_or_cordoned_never_deletes_its_architectures_fleet() -> None:
+    world = two_arch_world()
+    settle(world, plan_of(body(), world, {}))
+    world.nodes = [
+        node("l20-0", "NVIDIA-L20"),
+        node("h100-0", "NVIDIA-H100-80GB-HBM3", ready="False"),
+    ]
+    plan = plan_of(body(), world, {})
+    assert not [e for e in plan.effects if isinstance(e, DeleteObject)]
+    assert len(plan.served_keys) == 2  # its engine is still served: the cleanup keeps it
+    world.nodes = [node("l20-0", "NVIDIA-L20")]  # the last sm_90 node left the cluster
+    assert [e.name for e in plan_of(body(), world, {}).effects if isinstance(e, DeleteObject)] == [
+        "cvs-tts-sm90"
+    ]
+
+
+def test_a_replica_count_changed_behind_the_operators_back_is_set_again() -> None:
+    world = FakeWorld()
+    settle(world, plan_of(body(replicas=2), world, {}))
+    [dep] = [o for (k, _), o in world.objects.items() if k == "Deployment"]
+    dep["spec"]["replicas"] = 7  # kubectl scale deploy, or a merge patch while frozen
+    [effect] = plan_of(body(replicas=2), world, {}).effects
+    assert isinstance(effect, ApplyObject) and effect.body["spec"]["replicas"] == 2

@@ -83,3 +83,14 @@ def test_get_wakes_up_for_an_add_and_for_a_due_key() -> None:
         return got
 
     assert asyncio.run(scenario()) == ["now", "later"]
+
+
+def test_a_waiting_worker_is_woken_by_a_key_falling_due_while_it_looked() -> None:
+    async def scenario() -> str:
+        clock = Clock()
+        q: WorkQueue[str] = WorkQueue(clock=clock)
+        q.add_after("due", 1.0)
+        clock.now += 2.0  # due before the worker first looks
+        return await asyncio.wait_for(q.get(), timeout=1)
+
+    assert asyncio.run(scenario()) == "due"
