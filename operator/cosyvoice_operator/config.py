@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .buildjob import BuildSettings
+from .workloads import ServingSettings
 
 
 class ConfigError(ValueError):
@@ -38,6 +39,7 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
 @dataclass(frozen=True)
 class OperatorConfig:
     build: BuildSettings = field(default_factory=BuildSettings)
+    serving: ServingSettings = field(default_factory=ServingSettings)
     # Image prefixes services may name for the builder and serving images (empty: any).
     allowed_image_prefixes: tuple[str, ...] = ()
     # How long an engine no service references is kept before it is removed.
@@ -131,8 +133,17 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
             f"COSYVOICE_BUILDER_IMAGE={build.default_builder_image!r} is not under "
             f"COSYVOICE_ALLOWED_IMAGE_PREFIXES ({', '.join(prefixes)})"
         )
+    serving = ServingSettings(
+        default_image=env.get("COSYVOICE_SERVING_IMAGE") or ServingSettings().default_image
+    )
+    if prefixes and not serving.default_image.startswith(prefixes):
+        raise ConfigError(
+            f"COSYVOICE_SERVING_IMAGE={serving.default_image!r} is not under "
+            f"COSYVOICE_ALLOWED_IMAGE_PREFIXES ({', '.join(prefixes)})"
+        )
     return OperatorConfig(
         build=build,
+        serving=serving,
         allowed_image_prefixes=prefixes,
         engine_retention_seconds=retention,
         superseded_grace_seconds=grace,

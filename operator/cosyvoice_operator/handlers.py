@@ -30,7 +30,11 @@ log = logging.getLogger(__name__)
 
 def settings_from(cfg: config.OperatorConfig, peering: tuple[str, int] | None) -> Settings:
     return Settings(
-        policy=lifecycle.Policy(build=cfg.build, allowed_image_prefixes=cfg.allowed_image_prefixes),
+        policy=lifecycle.Policy(
+            build=cfg.build,
+            serving=cfg.serving,
+            allowed_image_prefixes=cfg.allowed_image_prefixes,
+        ),
         cleanup=cleanup.CleanupSettings(
             retention_seconds=cfg.engine_retention_seconds,
             superseded_grace_seconds=cfg.superseded_grace_seconds,

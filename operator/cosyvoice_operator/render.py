@@ -101,7 +101,7 @@ def render_service(
                 svc,
                 workloads.ArchServing(arch, target.key, target.products, shares[arch]),
                 namespace,
-                workloads.ServingSettings(),
+                cfg.serving,
                 repo_hash[:16],
             )
         )

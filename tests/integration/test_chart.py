@@ -280,6 +280,7 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
                 "workers": 8,
                 "peeringLifetimeSeconds": 20,
                 "prometheusUrl": "http://prometheus:9090",
+                "servingImage": "registry.example/triton:1",
                 "metricsWindowSeconds": 30,
             }
         ),
@@ -304,6 +305,7 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
         "COSYVOICE_WORKERS": "8",
         "COSYVOICE_PEERING_LIFETIME_SECONDS": "20",
         "COSYVOICE_PROMETHEUS_URL": "http://prometheus:9090",
+        "COSYVOICE_SERVING_IMAGE": "registry.example/triton:1",
         "COSYVOICE_METRICS_WINDOW_SECONDS": "30",
         "COSYVOICE_ALLOWED_IMAGE_PREFIXES": "registry.example/,nvcr.io/nvidia/tritonserver:",
     }
@@ -431,6 +433,18 @@ def test_the_default_builder_image_must_be_on_the_allowlist(helm: Path) -> None:
     assert 'config.builderImage "registry.example/builder:1" starts with none of' in proc.stderr
     docs = render(helm, 'config={"builderImage":"nvcr.io/nvidia/builder:1"}')
     assert env_of(docs)["COSYVOICE_BUILDER_IMAGE"] == "nvcr.io/nvidia/builder:1"
+    # So does the default serving image.
+    proc = run_helm(
+        helm,
+        "template",
+        "cvo",
+        str(CHART),
+        "--set-json",
+        'config={"servingImage":"quay.io/me/triton:1"}',
+        check=False,
+    )
+    assert proc.returncode != 0, proc.stdout[:2000]
+    assert 'config.servingImage "quay.io/me/triton:1" starts with none of' in proc.stderr
 
 
 # ---- against the cluster -------------------------------------------------------------------

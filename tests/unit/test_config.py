@@ -44,6 +44,7 @@ def test_empty_values_mean_defaults() -> None:
         "COSYVOICE_PEERING_LIFETIME_SECONDS",
         "COSYVOICE_PROMETHEUS_URL",
         "COSYVOICE_METRICS_WINDOW_SECONDS",
+        "COSYVOICE_SERVING_IMAGE",
     ]
     assert config.load(dict.fromkeys(names, "")) == OperatorConfig()
 
@@ -108,9 +109,18 @@ def test_image_allowlist() -> None:
     # A prefix that does not end at a boundary would admit a namesake registry path.
     with pytest.raises(ConfigError, match="must end with"):
         config.load({"COSYVOICE_ALLOWED_IMAGE_PREFIXES": "ghcr.io/cosyvoice"})
-    # The operator's own default builder image must be allowed.
+    # The operator's own default images must be allowed.
     with pytest.raises(ConfigError, match="COSYVOICE_BUILDER_IMAGE"):
         config.load({"COSYVOICE_ALLOWED_IMAGE_PREFIXES": "nvcr.io/nvidia/"})
+    with pytest.raises(ConfigError, match="COSYVOICE_SERVING_IMAGE"):
+        config.load(
+            {
+                "COSYVOICE_ALLOWED_IMAGE_PREFIXES": "ghcr.io/cosyvoice-operator/",
+                "COSYVOICE_SERVING_IMAGE": "quay.io/me/triton:1",
+            }
+        )
+    served = config.load({"COSYVOICE_SERVING_IMAGE": "registry.example/triton:2"})
+    assert served.serving.default_image == "registry.example/triton:2"
 
 
 def test_peering_lifetime() -> None:
