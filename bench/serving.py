@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -87,13 +86,10 @@ def floor(bench: Bench, n: int) -> dict[str, Any]:
                 target.identity, ns, job["metadata"]["name"], "", dt_now(), cache
             )
         )
-        repo = workloads.render_repository(b, svc, "sm_90", target.key, ns)
-        repo_hash = hashlib.sha256(json.dumps(repo["data"], sort_keys=True).encode()).hexdigest()
         for obj in (
-            repo,
-            workloads.render_deployment(
+            *workloads.render_architecture(
                 b, svc, workloads.ArchServing("sm_90", target.key, (PRODUCT,), 1), ns,
-                workloads.ServingSettings(), repo_hash[:16],
+                workloads.ServingSettings(),
             ),
             workloads.render_service(b, ns),
             workloads.render_disruption_budget(b, ns),

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import autoscaling, conditions
+from . import autoscaling, conditions, metrics_source
 from .autoscaling import Decision, Fleet, Observation
 from .metrics_source import Sample
 from .spec import ServiceSpec
@@ -72,17 +72,8 @@ def observation(sample: Sample, now: dt.datetime) -> Observation:
 
 
 def unavailable(reason: str, message: str, now: dt.datetime) -> Observation:
-    return Observation(
-        time=now,
-        available=False,
-        unavailable_reason=reason,
-        message=message,
-        queue_latency_ms=None,
-        pending_requests=None,
-        in_flight=None,
-        completion_rate=None,
-        no_traffic=False,
-    )
+    """No data, for a reason of the autoscaler's own (no Prometheus URL, no Ready pod)."""
+    return observation(metrics_source.unavailable(reason, message), now)
 
 
 def desired_replicas(svc: ServiceSpec, status: Mapping[str, Any]) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 
 from .conditions import parse_time
 from .engine import EngineIdentity, EngineTarget
-from .gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from .gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE, GPU_TOLERATION
 from .spec import ServiceSpec
 
 GROUP = "tts.cosyvoice.dev"
@@ -286,12 +286,8 @@ def render_job(
         # GPU nodes are commonly tainted nvidia.com/gpu; beyond that the build pod tolerates
         # what the service's pods tolerate, since the products were chosen from those nodes.
         "tolerations": [
-            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
-            *[
-                dict(t)
-                for t in spec.serving.tolerations
-                if dict(t) != {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-            ],
+            dict(GPU_TOLERATION),
+            *[dict(t) for t in spec.serving.tolerations if dict(t) != GPU_TOLERATION],
         ],
         "automountServiceAccountToken": False,
     }
@@ -317,23 +313,7 @@ def render_job(
         "spec": {
             "backoffLimit": settings.backoff_limit,
             "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
-            "podFailurePolicy": {
-                "rules": [
-                    {
-                        "action": "FailJob",
-                        "onExitCodes": {
-                            "containerName": CONTAINER,
-                            "operator": "In",
-                            "values": [EXIT_CONFIG_ERROR],
-                        },
-                    },
-                    # An evicted or preempted pod is not the builder's fault: retry freely.
-                    {
-                        "action": "Ignore",
-                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
-                    },
-                ]
-            },
+            "podFailurePolicy": _pod_failure_policy(CONTAINER),
             "template": {
                 "metadata": {
                     "labels": labels,
@@ -345,6 +325,27 @@ def render_job(
                 "spec": pod_spec,
             },
         },
+    }
+
+
+def _pod_failure_policy(container: str) -> dict[str, Any]:
+    """Exit code 2 (the builder's and `remove`'s "bad input: a retry cannot fix it") fails the
+    Job at once; an evicted or preempted pod is not the program's fault: retried freely."""
+    return {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": container,
+                    "operator": "In",
+                    "values": [EXIT_CONFIG_ERROR],
+                },
+            },
+            {
+                "action": "Ignore",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            },
+        ]
     }
 
 
@@ -458,7 +459,7 @@ def render_cleanup_job(
         "containers": [container],
         "volumes": [{"name": "engines", "persistentVolumeClaim": {"claimName": cache.claim}}],
         "securityContext": _pod_security_context(),
-        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "tolerations": [dict(GPU_TOLERATION)],
         "automountServiceAccountToken": False,
     }
     if settings.service_account:
@@ -478,23 +479,7 @@ def render_cleanup_job(
         "spec": {
             "backoffLimit": CLEANUP_BACKOFF_LIMIT,
             "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
-            "podFailurePolicy": {
-                "rules": [
-                    # `remove` exits 2 for arguments a retry cannot fix.
-                    {
-                        "action": "FailJob",
-                        "onExitCodes": {
-                            "containerName": CLEANUP_CONTAINER,
-                            "operator": "In",
-                            "values": [EXIT_CONFIG_ERROR],
-                        },
-                    },
-                    {
-                        "action": "Ignore",
-                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
-                    },
-                ]
-            },
+            "podFailurePolicy": _pod_failure_policy(CLEANUP_CONTAINER),
             "template": {
                 "metadata": {
                     "labels": labels,

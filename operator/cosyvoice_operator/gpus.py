@@ -16,6 +16,8 @@ from typing import Any
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
+# GPU nodes are commonly tainted nvidia.com/gpu: every pod the operator makes tolerates it.
+GPU_TOLERATION: dict[str, str] = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
 # Model families as they appear in the product label, mapped to their SM. The label carries
 # memory size and form factor after the family (NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3,

@@ -10,7 +10,6 @@ products come from `spec.engine.gpuProducts` or `--gpu-product`, and the cache c
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -92,17 +91,13 @@ def render_service(
     )
     for target in plan.targets:
         arch = target.identity.gpu_arch
-        repo = workloads.render_repository(body, svc, arch, target.key, namespace)
-        out.append(repo)
-        repo_hash = hashlib.sha256(json.dumps(repo["data"], sort_keys=True).encode()).hexdigest()
-        out.append(
-            workloads.render_deployment(
+        out.extend(
+            workloads.render_architecture(
                 body,
                 svc,
                 workloads.ArchServing(arch, target.key, target.products, shares[arch]),
                 namespace,
                 cfg.serving,
-                repo_hash[:16],
             )
         )
     out.append(workloads.render_service(body, namespace))

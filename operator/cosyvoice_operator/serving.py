@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -134,17 +132,8 @@ def plan_serving(
     for arch in sorted(fresh):
         key, products = fresh[arch]
         keys.add(key)
-        repo = workloads.render_repository(body, svc, arch, key, namespace)
-        repo_hash = hashlib.sha256(json.dumps(repo["data"], sort_keys=True).encode()).hexdigest()[
-            :16
-        ]
-        deployment = workloads.render_deployment(
-            body,
-            svc,
-            ArchServing(arch, key, products, shares[arch]),
-            namespace,
-            settings,
-            repo_hash,
+        repo, deployment = workloads.render_architecture(
+            body, svc, ArchServing(arch, key, products, shares[arch]), namespace, settings
         )
         for obj in (repo, deployment):
             seen = world.owned(obj["kind"], namespace, obj["metadata"]["name"])

@@ -22,7 +22,7 @@ from typing import Any
 
 from . import triton
 from .buildjob import GROUP
-from .gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from .gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE, GPU_TOLERATION
 from .spec import ServiceSpec
 
 SERVICE_LABEL = f"{GROUP}/service"
@@ -180,8 +180,7 @@ def _affinity(user: Mapping[str, Any], products: Sequence[str]) -> dict[str, Any
 def _tolerations(svc: ServiceSpec) -> list[dict[str, Any]]:
     """The GPU taint's toleration and the service's own, each once."""
     found: list[dict[str, Any]] = []
-    for t in ({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
-              *svc.serving.tolerations):  # fmt: skip
+    for t in (GPU_TOLERATION, *svc.serving.tolerations):
         if dict(t) not in found:
             found.append(dict(t))
     return found
@@ -220,6 +219,20 @@ def serve_args(svc: ServiceSpec, key: str, settings: ServingSettings) -> list[st
         groups = ";".join(",".join(str(g) for g in grp) for grp in triton.llm_groups(svc))
         args += ["--llm-groups", groups, "--llm-base-port", str(triton.LLM_BASE_PORT)]
     return args
+
+
+def render_architecture(
+    body: Mapping[str, Any],
+    svc: ServiceSpec,
+    target: ArchServing,
+    namespace: str,
+    settings: ServingSettings,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One architecture's repository ConfigMap and its Deployment, whose pod template carries
+    the repository's hash (a new repository rolls the pods)."""
+    repo = render_repository(body, svc, target.gpu_arch, target.key, namespace)
+    digest = hashlib.sha256(json.dumps(repo["data"], sort_keys=True).encode()).hexdigest()[:16]
+    return repo, render_deployment(body, svc, target, namespace, settings, digest)
 
 
 def render_deployment(
