@@ -245,7 +245,10 @@ def test_queue_latency_drives_replicas_in_a_closed_loop(
             assert "rival" in conflict["message"]
             cluster.kubectl("delete", "hpa", "rival", "-n", ns)
 
-            # 5. DryRun: decisions reported, the Deployments left alone.
+            # 5. DryRun: decisions reported, the Deployments left alone. First the Tritons of
+            #    the pods just removed must be gone: a load sent to a server being stopped
+            #    fails for the harness's sake, not the operator's.
+            wait_for("one Triton left", lambda: len(servers.live()) == 1, timeout=60)
             cluster.kubectl(
                 "patch", "cvs", "tts", "-n", ns, "--type=merge",
                 "-p", json.dumps({"spec": {"autoscaling": {"mode": "DryRun"}}}),
