@@ -19,6 +19,7 @@ _DEFAULTS: dict[str, Any] = {
         "builderImage": "",
         "cacheClaimName": "cosyvoice-engines",
         "gpuProducts": [],
+        "kvCacheType": "auto",
     },
     "serving": {
         "image": "",
@@ -31,6 +32,7 @@ _DEFAULTS: dict[str, Any] = {
             "priorityLevels": 2,
         },
         "resources": {},
+        "streamChunking": {"firstChunkTokens": 15, "hopGrowth": "exponential"},
     },
     "replicas": 1,
     "autoscaling": {
@@ -49,4 +51,7 @@ _DEFAULTS: dict[str, Any] = {
 
 def stored_minimal_spec(model: dict[str, Any]) -> dict[str, Any]:
     """The stored spec of ``{"model": model}`` (model holding variant and uri)."""
-    return {"model": {**model, "revision": "", "credentialsSecret": ""}, **copy.deepcopy(_DEFAULTS)}
+    return {
+        "model": {**model, "revision": "", "credentialsSecret": "", "llmRuntime": "tensorrt-llm"},
+        **copy.deepcopy(_DEFAULTS),
+    }

@@ -23,4 +23,21 @@ PRECISION_ARCH_CASES: list[tuple[str, str, bool]] = [
     ("int4-weight-only", "sm_80", True),
     ("int8-weight-only", "sm_86", True),
     ("int4-weight-only", "sm_90", True),
+    # SmoothQuant: INT8 GEMMs with bfloat16 around them, Ampere or newer.
+    ("int8-smoothquant", "sm_75", False),
+    ("int8-smoothquant", "sm_80", True),
+    ("int8-smoothquant", "sm_89", True),
+    ("int8-smoothquant", "sm_90", True),
+]
+
+# (spec.engine.kvCacheType, SM architecture, runs there), whatever the precision allows.
+KV_CACHE_ARCH_CASES: list[tuple[str, str, bool]] = [
+    ("auto", "sm_75", True),
+    ("int8", "sm_80", True),
+    ("int8", "sm_86", True),
+    ("fp8", "sm_86", False),
+    ("fp8", "sm_80", False),
+    ("fp8", "sm_89", True),
+    ("fp8", "sm_90", True),
+    ("fp8", "sm_100", True),
 ]

@@ -45,6 +45,8 @@ from cosyvoice_engine_builder.remove import RemoveRefused, remove_engine
 from cosyvoice_engine_builder.request import (
     BuildRequest,
     InvalidRequest,
+    KvCacheType,
+    LlmRuntime,
     Precision,
     Variant,
     validate_key,
@@ -85,6 +87,25 @@ def _non_negative_seconds(text: str) -> float:
     return value
 
 
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    """What ``build`` and ``prefetch`` share: scratch, model claims, dry run, time limits."""
+    parser.add_argument("--work-dir", type=Path, help="scratch; default <cache-dir>/.work/<key>")
+    parser.add_argument("--pvc-root", type=Path, default=Path("/models"))
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    parser.add_argument(
+        "--lock-timeout",
+        type=_non_negative_seconds,
+        default=None,
+        help="seconds to wait for another builder of the same key (default: forever)",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=_non_negative_seconds,
+        default=None,
+        help="seconds any one external command may run (default: no limit)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="cosyvoice-engine-builder",
@@ -101,26 +122,47 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-uri", required=True, help="hf://ORG/NAME, s3://BUCKET/PATH or pvc://CLAIM/PATH"
     )
     build.add_argument("--revision", default="", help='hf revision; "" = default branch')
-    build.add_argument("--precision", required=True, choices=[p.value for p in Precision])
-    build.add_argument("--tensor-parallel-size", required=True, type=int)
-    build.add_argument("--max-batch-size", required=True, type=int)
-    build.add_argument("--max-num-tokens", required=True, type=int)
+    build.add_argument(
+        "--llm-runtime",
+        choices=[r.value for r in LlmRuntime],
+        default=LlmRuntime.TENSORRT_LLM.value,
+        help="vllm: build the TensorRT plans only (vLLM serves the fetched checkpoint); the "
+        "LLM options below are then not read",
+    )
+    build.add_argument("--precision", choices=[p.value for p in Precision])
+    build.add_argument("--tensor-parallel-size", type=int)
+    build.add_argument("--max-batch-size", type=int)
+    build.add_argument("--max-num-tokens", type=int)
+    build.add_argument(
+        "--kv-cache-type",
+        choices=[k.value for k in KvCacheType],
+        default=KvCacheType.AUTO.value,
+        help="int8: --int8_kv_cache; fp8: quantize.py --kv_cache_dtype fp8; auto: the engine's",
+    )
+    build.add_argument(
+        "--smoothquant-alpha",
+        type=float,
+        default=None,
+        help="int8-smoothquant: convert_checkpoint.py --smoothquant ALPHA (default 0.5)",
+    )
+    build.add_argument("--smoothquant-per-token", action="store_true", help="--per_token")
+    build.add_argument("--smoothquant-per-channel", action="store_true", help="--per_channel")
     build.add_argument("--gpu-arch", required=True, help="e.g. sm_90")
-    build.add_argument("--work-dir", type=Path, help="scratch; default <cache-dir>/.work/<key>")
-    build.add_argument("--pvc-root", type=Path, default=Path("/models"))
-    build.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    build.add_argument(
-        "--lock-timeout",
-        type=_non_negative_seconds,
-        default=None,
-        help="seconds to wait for another builder of the same key (default: forever)",
+    _run_arguments(build)
+
+    prefetch = sub.add_parser(
+        "prefetch",
+        help="vLLM: fetch the release (the LLM's Hugging Face checkpoint included) into the "
+        "cache under a key without GPU architecture; builds nothing, needs no GPU",
     )
-    build.add_argument(
-        "--step-timeout",
-        type=_non_negative_seconds,
-        default=None,
-        help="seconds any one external command may run (default: no limit)",
+    prefetch.add_argument("--key", required=True, help="content key computed by the operator")
+    prefetch.add_argument("--cache-dir", required=True, type=Path, help="the engine cache")
+    prefetch.add_argument("--variant", required=True, choices=[v.value for v in Variant])
+    prefetch.add_argument(
+        "--model-uri", required=True, help="hf://ORG/NAME, s3://BUCKET/PATH or pvc://CLAIM/PATH"
     )
+    prefetch.add_argument("--revision", default="", help='hf revision; "" = default branch')
+    _run_arguments(prefetch)
 
     verify = sub.add_parser("verify", help="exit 0 iff a complete, digest-valid engine exists")
     verify.add_argument("--cache-dir", required=True, type=Path)
@@ -196,6 +238,7 @@ def main(
         return _remove(args, console, report)
     if args.command == "serve":
         return serve.serve(args, env, console)
+    # build and prefetch: the same pipeline, prefetch with fetch and publish only.
     return _build(args, env, console, redactor, report, downloaders)
 
 
@@ -276,20 +319,7 @@ def _build(
 ) -> int:
     started = time.monotonic()
     try:
-        request = BuildRequest.create(
-            key=args.key,
-            cache_dir=args.cache_dir,
-            variant=args.variant,
-            model_uri=args.model_uri,
-            revision=args.revision,
-            precision=args.precision,
-            tensor_parallel_size=args.tensor_parallel_size,
-            max_batch_size=args.max_batch_size,
-            max_num_tokens=args.max_num_tokens,
-            gpu_arch=args.gpu_arch,
-            work_dir=args.work_dir,
-            pvc_root=args.pvc_root,
-        )
+        request = _request(args)
     except InvalidRequest as exc:
         console.err(f"error: {exc}")
         report({"result": "failed", "step": "arguments", "message": str(exc)})
@@ -363,6 +393,52 @@ def _build(
         }
     )
     return EXIT_OK
+
+
+def _request(args: argparse.Namespace) -> BuildRequest:
+    if args.command == "prefetch":
+        return BuildRequest.prefetch(
+            key=args.key,
+            cache_dir=args.cache_dir,
+            variant=args.variant,
+            model_uri=args.model_uri,
+            revision=args.revision,
+            work_dir=args.work_dir,
+            pvc_root=args.pvc_root,
+        )
+    if args.llm_runtime == LlmRuntime.TENSORRT_LLM.value:
+        missing = [
+            flag
+            for flag, value in (
+                ("--precision", args.precision),
+                ("--tensor-parallel-size", args.tensor_parallel_size),
+                ("--max-batch-size", args.max_batch_size),
+                ("--max-num-tokens", args.max_num_tokens),
+            )
+            if value is None
+        ]
+        if missing:
+            raise InvalidRequest(f"a TensorRT-LLM engine build needs {', '.join(missing)}")
+    return BuildRequest.create(
+        key=args.key,
+        cache_dir=args.cache_dir,
+        variant=args.variant,
+        model_uri=args.model_uri,
+        revision=args.revision,
+        # vLLM's plans read none of these (the request records placeholders).
+        precision=Precision.FLOAT16.value if args.precision is None else args.precision,
+        tensor_parallel_size=1 if args.tensor_parallel_size is None else args.tensor_parallel_size,
+        max_batch_size=1 if args.max_batch_size is None else args.max_batch_size,
+        max_num_tokens=1 if args.max_num_tokens is None else args.max_num_tokens,
+        gpu_arch=args.gpu_arch,
+        work_dir=args.work_dir,
+        pvc_root=args.pvc_root,
+        kv_cache_type=args.kv_cache_type,
+        smoothquant_alpha=args.smoothquant_alpha,
+        smoothquant_per_token=args.smoothquant_per_token,
+        smoothquant_per_channel=args.smoothquant_per_channel,
+        llm_runtime=args.llm_runtime,
+    )
 
 
 def _failure_message(header: str, tail: Sequence[str]) -> str:

@@ -17,6 +17,18 @@ Choices that differ from upstream's single bfloat16 recipe, and why:
 - ``--gemm_plugin`` is the dtype for bfloat16/float16/weight-only (as upstream) and is
   omitted for fp8: with the plugin off TensorRT picks its native FP8 GEMM kernels, while
   ``auto`` would resolve to the bfloat16 plugin and lose the FP8 GEMMs.
+- int8-smoothquant goes through the Qwen ``convert_checkpoint.py`` with ``--smoothquant
+  ALPHA`` and, as asked, ``--per_token`` and ``--per_channel`` (TensorRT-LLM's Qwen example);
+  it calibrates on ``--calib_dataset``.
+- An int8 KV cache is ``convert_checkpoint.py --int8_kv_cache`` (calibrated the same way),
+  beside any of its precisions.
+- An fp8 KV cache under a non-fp8 precision goes through ``quantize.py`` like fp8, with the
+  ModelOpt format that keeps the weights as asked (``full_prec``, ``int8_wo``, ``int4_wo``)
+  and ``--kv_cache_dtype fp8``. int8-smoothquant with an fp8 KV cache is refused (ModelOpt's
+  SmoothQuant would ignore the alpha and scaling options the key records).
+- Calibration data: ``TRTLLM_CALIB_DATASET`` (a local copy; the engine builder's README says
+  how to keep one in the engine cache) is passed as ``--calib_dataset`` to whichever script
+  calibrates; without it the scripts download their default set from the Hugging Face Hub.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cosyvoice_engine_builder.request import Precision, Variant
+from cosyvoice_engine_builder.request import KvCacheType, Precision, SmoothQuant, Variant
 
 
 @dataclass(frozen=True)
@@ -57,11 +69,34 @@ def checkpoint_dtype(precision: Precision) -> str:
     return "float16" if precision is Precision.FLOAT16 else "bfloat16"
 
 
+# quantize.py's --qformat that keeps each precision's weights while it quantizes the KV cache.
+_MODELOPT_FORMAT = {
+    Precision.BFLOAT16: "full_prec",
+    Precision.FLOAT16: "full_prec",
+    Precision.INT8_WEIGHT_ONLY: "int8_wo",
+    Precision.INT4_WEIGHT_ONLY: "int4_wo",
+    Precision.FP8: "fp8",
+}
+
+
+def uses_quantize_script(precision: Precision, kv_cache_type: KvCacheType) -> bool:
+    """ModelOpt's quantize.py (fp8 anything) rather than the Qwen convert_checkpoint.py."""
+    return precision is Precision.FP8 or kv_cache_type is KvCacheType.FP8
+
+
 def convert_argv(
-    tools: ToolPaths, precision: Precision, llm_dir: Path, output_dir: Path, tp_size: int
+    tools: ToolPaths,
+    precision: Precision,
+    llm_dir: Path,
+    output_dir: Path,
+    tp_size: int,
+    kv_cache_type: KvCacheType = KvCacheType.AUTO,
+    smooth_quant: SmoothQuant | None = None,
 ) -> tuple[str, ...]:
     dtype = checkpoint_dtype(precision)
-    if precision is Precision.FP8:
+    if uses_quantize_script(precision, kv_cache_type):
+        if precision is Precision.INT8_SMOOTHQUANT:
+            raise ValueError("int8-smoothquant with an fp8 KV cache is not built (see above)")
         argv = [
             tools.python,
             tools.quantize_script,
@@ -72,7 +107,7 @@ def convert_argv(
             "--dtype",
             dtype,
             "--qformat",
-            "fp8",
+            _MODELOPT_FORMAT[precision],
             "--kv_cache_dtype",
             "fp8",
             "--tp_size",
@@ -97,11 +132,29 @@ def convert_argv(
         argv += ["--use_weight_only", "--weight_only_precision", "int8"]
     elif precision is Precision.INT4_WEIGHT_ONLY:
         argv += ["--use_weight_only", "--weight_only_precision", "int4"]
+    elif precision is Precision.INT8_SMOOTHQUANT:
+        sq = smooth_quant or SmoothQuant()
+        argv += ["--smoothquant", f"{sq.alpha:g}"]
+        if sq.per_token:
+            argv.append("--per_token")
+        if sq.per_channel:
+            argv.append("--per_channel")
+    if kv_cache_type is KvCacheType.INT8:
+        argv.append("--int8_kv_cache")
+    calibrates = precision is Precision.INT8_SMOOTHQUANT or kv_cache_type is KvCacheType.INT8
+    if calibrates and tools.calib_dataset:
+        argv += ["--calib_dataset", tools.calib_dataset]
     return tuple(argv)
 
 
-def convert_script(tools: ToolPaths, precision: Precision) -> str:
-    return tools.quantize_script if precision is Precision.FP8 else tools.convert_script
+def convert_script(
+    tools: ToolPaths, precision: Precision, kv_cache_type: KvCacheType = KvCacheType.AUTO
+) -> str:
+    return (
+        tools.quantize_script
+        if uses_quantize_script(precision, kv_cache_type)
+        else tools.convert_script
+    )
 
 
 def build_argv(

@@ -3,6 +3,11 @@
 Each step but publish is resumable through :mod:`~cosyvoice_engine_builder.steps`;
 publish is atomic through :mod:`~cosyvoice_engine_builder.publish`. The whole build runs
 under the key's lock, and is skipped when ``<cache-dir>/<key>`` already verifies.
+
+With vLLM as the LLM runtime two other artifacts go the same way with fewer steps:
+``build --llm-runtime vllm`` (the plans) skips convert and build and publishes the plans
+alone (the model directory comes from the checkpoint); ``prefetch`` (the checkpoint) runs
+fetch and publish only, publishing the model directory, and needs no GPU and no TensorRT.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from cosyvoice_engine_builder.progress import Console, StepLog
 from cosyvoice_engine_builder.publish import Placement, publish
 from cosyvoice_engine_builder.redaction import without_secrets
 from cosyvoice_engine_builder.releases import companions, known_releases
-from cosyvoice_engine_builder.request import BuildRequest, Precision
+from cosyvoice_engine_builder.request import Artifact, BuildRequest, KvCacheType
 from cosyvoice_engine_builder.runner import Command, CommandFailed, Runner
 from cosyvoice_engine_builder.steps import StepMarkers, params_digest
 from cosyvoice_engine_builder.toolchain import (
@@ -131,7 +136,13 @@ class Pipeline:
     def convert_argv(self, layout: ModelLayout) -> tuple[str, ...]:
         r = self.request
         return commands.convert_argv(
-            self.tools, r.precision, layout.llm_dir, self.weights_dir, r.tensor_parallel_size
+            self.tools,
+            r.precision,
+            layout.llm_dir,
+            self.weights_dir,
+            r.tensor_parallel_size,
+            r.kv_cache_type,
+            r.smooth_quant,
         )
 
     def build_argv(self) -> tuple[str, ...]:
@@ -218,42 +229,63 @@ class Pipeline:
 
     def _build(self, started: float) -> Outcome:
         r = self.request
-        self.console.out(
-            f"building engine {r.key}: {r.variant.value} {r.precision.value} "
-            f"tp={r.tensor_parallel_size} max_batch_size={r.max_batch_size} "
-            f"max_num_tokens={r.max_num_tokens} for {r.gpu_arch} from {r.source.uri}"
-            f"{'@' + r.revision if r.revision else ''}"
-        )
+        source = f"{r.source.uri}{'@' + r.revision if r.revision else ''}"
+        if r.artifact is Artifact.CHECKPOINT:
+            self.console.out(f"fetching checkpoint {r.key}: {r.variant.value} from {source}")
+        elif r.artifact is Artifact.PLANS:
+            self.console.out(
+                f"building plans {r.key}: {r.variant.value} (LLM on vLLM) for {r.gpu_arch} "
+                f"from {source}"
+            )
+        else:
+            self.console.out(
+                f"building engine {r.key}: {r.variant.value} {r.precision.value} "
+                f"tp={r.tensor_parallel_size} max_batch_size={r.max_batch_size} "
+                f"max_num_tokens={r.max_num_tokens} kv_cache={r.kv_cache_type.value} "
+                f"for {r.gpu_arch} from {source}"
+            )
         self.current_step = "preflight"
-        versions = self._preflight()
+        versions = self._preflight() if r.builds_plans else Versions(tensorrt="", tensorrt_llm="")
 
         fetch_digest, layout = self._fetch(1)
-        convert_digest = self._convert(2, layout, fetch_digest, versions)
-        self._build_engine(3, convert_digest, versions)
-        flow_plan = self._plan(
-            4, "plan-flow", self._flow_spec(), layout.flow_estimator_onnx, fetch_digest, versions
-        )
-        speaker_plan = self._plan(
-            5,
-            "plan-campplus",
-            commands.SPEAKER_EMBEDDING_PLAN,
-            layout.campplus_onnx,
-            fetch_digest,
-            versions,
-        )
-        engine_dir = self._publish(6, layout, versions, flow_plan, speaker_plan)
+        if r.builds_llm:
+            convert_digest = self._convert(2, layout, fetch_digest, versions)
+            self._build_engine(3, convert_digest, versions)
+        plans: tuple[Path, Path] | None = None
+        if r.builds_plans:
+            flow_plan = self._plan(
+                4,
+                "plan-flow",
+                self._flow_spec(),
+                layout.flow_estimator_onnx,
+                fetch_digest,
+                versions,
+            )
+            speaker_plan = self._plan(
+                5,
+                "plan-campplus",
+                commands.SPEAKER_EMBEDDING_PLAN,
+                layout.campplus_onnx,
+                fetch_digest,
+                versions,
+            )
+            plans = (flow_plan, speaker_plan)
+        engine_dir = self._publish(6, layout, versions, plans)
         self._clean_work()
         seconds = time.monotonic() - started
         self.console.out(f"engine {r.key} ready at {engine_dir} after {seconds:.1f}s")
         return Outcome(engine_dir, seconds, already_built=False)
 
     def _require_tools(self) -> None:
-        if self.request.precision is Precision.FP8:
-            require_script(self.tools.quantize_script, "TRTLLM_QUANTIZE")
-        else:
-            require_script(self.tools.convert_script, "TRTLLM_QWEN_CONVERT")
-        require_executable(self.tools.trtllm_build, "TRTLLM_BUILD", self.environ)
-        require_executable(self.tools.trtexec, "TRTEXEC", self.environ)
+        r = self.request
+        if r.builds_llm:
+            if commands.uses_quantize_script(r.precision, r.kv_cache_type):
+                require_script(self.tools.quantize_script, "TRTLLM_QUANTIZE")
+            else:
+                require_script(self.tools.convert_script, "TRTLLM_QWEN_CONVERT")
+            require_executable(self.tools.trtllm_build, "TRTLLM_BUILD", self.environ)
+        if r.builds_plans:
+            require_executable(self.tools.trtexec, "TRTEXEC", self.environ)
 
     def _preflight(self) -> Versions:
         # Every tool is checked before the first download: finding out that trtexec is
@@ -400,15 +432,29 @@ class Pipeline:
         index: int,
         layout: ModelLayout,
         versions: Versions,
-        flow_plan: Path,
-        speaker_plan: Path,
+        plans: tuple[Path, Path] | None,
     ) -> Path:
         r = self.request
         self.current_step = "publish"
         log = StepLog(self.console, index, len(STEPS), "publish")
-        flow_rel = f"{ENGINE_PLANS_DIR}/{flow_plan.name}"
-        speaker_rel = f"{ENGINE_PLANS_DIR}/{speaker_plan.name}"
         tokenizer_rel = "/".join(p for p in (ENGINE_MODEL_DIR, layout.llm_subpath) if p)
+        placements: list[Placement] = []
+        layout_fields: dict[str, str] = {}
+        if r.builds_llm:
+            placements.append(Placement(self.engines_dir, ENGINE_LLM_DIR))
+            layout_fields["llmEngineDir"] = ENGINE_LLM_DIR
+        if plans is not None:
+            flow_plan, speaker_plan = plans
+            flow_rel = f"{ENGINE_PLANS_DIR}/{flow_plan.name}"
+            speaker_rel = f"{ENGINE_PLANS_DIR}/{speaker_plan.name}"
+            placements += [Placement(flow_plan, flow_rel), Placement(speaker_plan, speaker_rel)]
+            layout_fields["flowEstimatorPlan"] = flow_rel
+            layout_fields["speakerEmbeddingPlan"] = speaker_rel
+        if r.artifact is not Artifact.PLANS:
+            # vLLM's plans-only artifact reads the model directory from the checkpoint.
+            placements.append(Placement(layout.root, ENGINE_MODEL_DIR, skip_hidden=True))
+            layout_fields["modelDir"] = ENGINE_MODEL_DIR
+            layout_fields["tokenizerDir"] = tokenizer_rel
 
         def manifest_for(files: list[dict[str, Any]]) -> dict[str, Any]:
             return {
@@ -422,10 +468,7 @@ class Pipeline:
                         {"uri": c.uri, "into": c.into} for c in companions(r.variant, r.source)
                     ],
                 },
-                "precision": r.precision.value,
-                "tensorParallelSize": r.tensor_parallel_size,
-                "maxBatchSize": r.max_batch_size,
-                "maxNumTokens": r.max_num_tokens,
+                **self._llm_fields(),
                 "gpuArch": r.gpu_arch,
                 "versions": {
                     "tensorrt": versions.tensorrt,
@@ -433,13 +476,7 @@ class Pipeline:
                     "builder": versions.builder,
                 },
                 "createdAt": datetime.now(UTC).isoformat(timespec="seconds"),
-                "layout": {
-                    "llmEngineDir": ENGINE_LLM_DIR,
-                    "modelDir": ENGINE_MODEL_DIR,
-                    "tokenizerDir": tokenizer_rel,
-                    "flowEstimatorPlan": flow_rel,
-                    "speakerEmbeddingPlan": speaker_rel,
-                },
+                "layout": layout_fields,
                 "files": files,
             }
 
@@ -447,12 +484,7 @@ class Pipeline:
         result = publish(
             cache_dir=r.cache_dir,
             key=r.key,
-            placements=[
-                Placement(self.engines_dir, ENGINE_LLM_DIR),
-                Placement(flow_plan, flow_rel),
-                Placement(speaker_plan, speaker_rel),
-                Placement(layout.root, ENGINE_MODEL_DIR, skip_hidden=True),
-            ],
+            placements=placements,
             manifest_for=manifest_for,
             echo=log.line,
         )
@@ -461,6 +493,29 @@ class Pipeline:
         else:
             log.line(f"published {result.engine_dir}")
         return result.engine_dir
+
+    def _llm_fields(self) -> dict[str, Any]:
+        """The manifest's description of the LLM: the engine's build options, or for vLLM's
+        artifacts only which one it is (vLLM's options are its server's flags)."""
+        r = self.request
+        if not r.builds_llm:
+            return {"llmRuntime": "vllm", "artifact": r.artifact.value}
+        fields: dict[str, Any] = {
+            "precision": r.precision.value,
+            "tensorParallelSize": r.tensor_parallel_size,
+            "maxBatchSize": r.max_batch_size,
+            "maxNumTokens": r.max_num_tokens,
+        }
+        if r.kv_cache_type is not KvCacheType.AUTO:
+            fields["kvCacheType"] = r.kv_cache_type.value
+        if r.smooth_quant is not None:
+            sq = r.smooth_quant
+            fields["smoothQuant"] = {
+                "alpha": sq.alpha,
+                "perToken": sq.per_token,
+                "perChannel": sq.per_channel,
+            }
+        return fields
 
     def _clean_work(self) -> None:
         # Only what the builder itself created: --work-dir may point somewhere shared.

@@ -29,7 +29,38 @@ class Precision(StrEnum):
     FLOAT16 = "float16"
     INT8_WEIGHT_ONLY = "int8-weight-only"
     INT4_WEIGHT_ONLY = "int4-weight-only"
+    INT8_SMOOTHQUANT = "int8-smoothquant"
     FP8 = "fp8"
+
+
+class KvCacheType(StrEnum):
+    """The LLM's KV cache: ``auto`` is the engine's own (its activation type, fp8 for fp8)."""
+
+    AUTO = "auto"
+    INT8 = "int8"
+    FP8 = "fp8"
+
+
+class LlmRuntime(StrEnum):
+    TENSORRT_LLM = "tensorrt-llm"
+    VLLM = "vllm"
+
+
+class Artifact(StrEnum):
+    """What a run publishes under its key (the operator's ``EngineIdentity.artifact``)."""
+
+    ENGINE = "engine"  # the TensorRT-LLM engine, the plans and the model directory
+    PLANS = "plans"  # vLLM: the plans alone (the model comes from the checkpoint)
+    CHECKPOINT = "checkpoint"  # vLLM: the fetched release, no GPU involved
+
+
+@dataclass(frozen=True)
+class SmoothQuant:
+    """convert_checkpoint.py --smoothquant ALPHA [--per_token] [--per_channel]."""
+
+    alpha: float = 0.5
+    per_token: bool = True
+    per_channel: bool = True
 
 
 Scheme = Literal["hf", "s3", "pvc"]
@@ -118,8 +149,11 @@ PRECISION_MIN_SM = {
     Precision.BFLOAT16: 80,
     Precision.INT8_WEIGHT_ONLY: 80,
     Precision.INT4_WEIGHT_ONLY: 80,
+    Precision.INT8_SMOOTHQUANT: 80,
     Precision.FP8: 89,
 }
+# The KV cache's own needs on top of the precision's: FP8 needs Ada or Hopper.
+KV_CACHE_MIN_SM = {KvCacheType.FP8: 89}
 
 
 def _check_precision_arch(precision: Precision, arch: str) -> None:
@@ -129,6 +163,40 @@ def _check_precision_arch(precision: Precision, arch: str) -> None:
         raise InvalidRequest(
             f"--precision {precision.value} needs sm_{needed} or newer; --gpu-arch is {arch}"
         )
+
+
+def _check_kv_cache(kv: KvCacheType, precision: Precision, arch: str) -> None:
+    needed = KV_CACHE_MIN_SM.get(kv)
+    have = int("".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit()))
+    if needed is not None and have < needed:
+        raise InvalidRequest(
+            f"--kv-cache-type {kv.value} needs sm_{needed} or newer; --gpu-arch is {arch}"
+        )
+    if kv is KvCacheType.INT8 and precision is Precision.FP8:
+        raise InvalidRequest(
+            "--kv-cache-type int8 cannot go with --precision fp8 (its KV cache is fp8)"
+        )
+    if kv is KvCacheType.FP8 and precision is Precision.INT8_SMOOTHQUANT:
+        raise InvalidRequest(
+            "--kv-cache-type fp8 cannot go with --precision int8-smoothquant (ModelOpt's "
+            "SmoothQuant would ignore the --smoothquant-* options); use int8 or auto"
+        )
+
+
+def _smooth_quant(
+    precision: Precision, alpha: float | None, per_token: bool, per_channel: bool
+) -> SmoothQuant | None:
+    if precision is not Precision.INT8_SMOOTHQUANT:
+        if alpha is not None or per_token or per_channel:
+            raise InvalidRequest(
+                "--smoothquant-alpha, --smoothquant-per-token and --smoothquant-per-channel "
+                f"need --precision int8-smoothquant, not {precision.value}"
+            )
+        return None
+    alpha = 0.5 if alpha is None else alpha
+    if not 0 <= alpha <= 1:
+        raise InvalidRequest(f"--smoothquant-alpha must be between 0 and 1, got {alpha:g}")
+    return SmoothQuant(alpha, per_token, per_channel)
 
 
 def _positive(value: int, flag: str) -> int:
@@ -151,6 +219,17 @@ class BuildRequest:
     gpu_arch: str
     work_dir: Path
     pvc_root: Path
+    kv_cache_type: KvCacheType = KvCacheType.AUTO
+    smooth_quant: SmoothQuant | None = None
+    artifact: Artifact = Artifact.ENGINE
+
+    @property
+    def builds_llm(self) -> bool:
+        return self.artifact is Artifact.ENGINE
+
+    @property
+    def builds_plans(self) -> bool:
+        return self.artifact is not Artifact.CHECKPOINT
 
     @classmethod
     def create(
@@ -168,6 +247,11 @@ class BuildRequest:
         gpu_arch: str,
         work_dir: Path | None,
         pvc_root: Path,
+        kv_cache_type: str = "auto",
+        smoothquant_alpha: float | None = None,
+        smoothquant_per_token: bool = False,
+        smoothquant_per_channel: bool = False,
+        llm_runtime: str = "tensorrt-llm",
     ) -> BuildRequest:
         key = validate_key(key)
         try:
@@ -183,7 +267,42 @@ class BuildRequest:
                 f"--precision {precision!r}: expected one of "
                 f"{', '.join(p.value for p in Precision)}"
             ) from None
+        try:
+            kv = KvCacheType(kv_cache_type)
+        except ValueError:
+            raise InvalidRequest(
+                f"--kv-cache-type {kv_cache_type!r}: expected one of "
+                f"{', '.join(k.value for k in KvCacheType)}"
+            ) from None
+        try:
+            runtime = LlmRuntime(llm_runtime)
+        except ValueError:
+            raise InvalidRequest(
+                f"--llm-runtime {llm_runtime!r}: expected one of "
+                f"{', '.join(r.value for r in LlmRuntime)}"
+            ) from None
+        if runtime is LlmRuntime.VLLM:
+            # The plans alone: the LLM options belong to vllm serve, not to this build.
+            return cls(
+                key=key,
+                cache_dir=cache_dir,
+                variant=variant_value,
+                source=parse_model_uri(model_uri),
+                revision=revision,
+                precision=Precision.FLOAT16,
+                tensor_parallel_size=1,
+                max_batch_size=1,
+                max_num_tokens=1,
+                gpu_arch=validate_gpu_arch(gpu_arch),
+                work_dir=work_dir if work_dir is not None else cache_dir / ".work" / key,
+                pvc_root=pvc_root,
+                artifact=Artifact.PLANS,
+            )
         _check_precision_arch(precision_value, validate_gpu_arch(gpu_arch))
+        _check_kv_cache(kv, precision_value, gpu_arch)
+        smooth_quant = _smooth_quant(
+            precision_value, smoothquant_alpha, smoothquant_per_token, smoothquant_per_channel
+        )
         return cls(
             key=key,
             cache_dir=cache_dir,
@@ -197,6 +316,44 @@ class BuildRequest:
             gpu_arch=validate_gpu_arch(gpu_arch),
             work_dir=work_dir if work_dir is not None else cache_dir / ".work" / key,
             pvc_root=pvc_root,
+            kv_cache_type=kv,
+            smooth_quant=smooth_quant,
+        )
+
+    @classmethod
+    def prefetch(
+        cls,
+        *,
+        key: str,
+        cache_dir: Path,
+        variant: str,
+        model_uri: str,
+        revision: str,
+        work_dir: Path | None,
+        pvc_root: Path,
+    ) -> BuildRequest:
+        """vLLM's checkpoint: the release fetched and published, nothing built, no GPU."""
+        key = validate_key(key)
+        try:
+            variant_value = Variant(variant)
+        except ValueError:
+            raise InvalidRequest(
+                f"--variant {variant!r}: expected one of {', '.join(v.value for v in Variant)}"
+            ) from None
+        return cls(
+            key=key,
+            cache_dir=cache_dir,
+            variant=variant_value,
+            source=parse_model_uri(model_uri),
+            revision=revision,
+            precision=Precision.FLOAT16,
+            tensor_parallel_size=1,
+            max_batch_size=1,
+            max_num_tokens=1,
+            gpu_arch="",
+            work_dir=work_dir if work_dir is not None else cache_dir / ".work" / key,
+            pvc_root=pvc_root,
+            artifact=Artifact.CHECKPOINT,
         )
 
     @property

@@ -18,9 +18,13 @@ built the engine, and does four things in order:
    the **model view**: the engine's ``model/`` directory as upstream's models expect
    their ``model_dir``, with the engine's prebuilt plans under the names that code loads
    (it would otherwise build them again, into a read-only volume).
-3. **LLM servers (cosyvoice3).** One ``trtllm-serve`` per GPU group, as upstream's
-   ``run_cosyvoice3.sh`` starts it, each on its own port; Triton starts only once every
-   one answers ``/health``, so the orchestrator never sees a refused connection.
+3. **LLM servers (cosyvoice3, or either variant on vLLM).** One ``trtllm-serve`` per GPU
+   group, as upstream's ``run_cosyvoice3.sh`` starts it, or with ``--llm-runtime vllm`` one
+   ``vllm serve`` per group on the fetched checkpoint (``--checkpoint-dir``), each on its own
+   port; Triton starts only once every one answers ``/health``, so the orchestrator never
+   sees a refused connection. With vLLM the engine directory holds only the TensorRT plans:
+   the model directory (and the LLM's Hugging Face checkpoint) comes from the checkpoint,
+   whose manifest is checked the same way, and the TensorRT-LLM version is not compared.
 4. **Triton.** ``tritonserver`` runs as a child. SIGTERM and SIGINT go to Triton first,
    which drains in-flight streams for ``--exit-timeout-seconds``; the LLM servers those
    streams still need are stopped only after Triton has exited.
@@ -237,6 +241,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long every trtllm-serve may take to answer /health",
     )
     parser.add_argument(
+        "--llm-runtime",
+        choices=["tensorrt-llm", "vllm"],
+        default="tensorrt-llm",
+        help="vllm: run `vllm serve` per GPU group on --checkpoint-dir's LLM checkpoint",
+    )
+    parser.add_argument(
+        "--checkpoint-dir", type=Path, default=None, help="vllm: the fetched checkpoint"
+    )
+    parser.add_argument("--checkpoint-key", default="", help="vllm: the checkpoint's key")
+    parser.add_argument("--llm-dtype", default="bfloat16", help="vllm serve --dtype")
+    parser.add_argument(
+        "--llm-kv-cache-dtype", default="auto", help="vllm serve --kv-cache-dtype (auto, fp8)"
+    )
+    parser.add_argument(
+        "--llm-max-batch-size", type=int, default=16, help="vllm serve --max-num-seqs"
+    )
+    parser.add_argument(
+        "--llm-max-num-tokens",
+        type=int,
+        default=32768,
+        help="vllm serve --max-num-batched-tokens",
+    )
+    parser.add_argument(
+        "--llm-gpu-memory-utilization",
+        type=_fraction,
+        default=0.4,
+        help="vllm serve --gpu-memory-utilization (the GPU is shared with token2wav)",
+    )
+    parser.add_argument(
+        "--llm-served-model-name",
+        default="cosyvoice-llm",
+        help="vllm serve --served-model-name: the model name the orchestrator asks for",
+    )
+    parser.add_argument(
         "--exit-timeout-seconds",
         type=_non_negative_int,
         default=DEFAULT_EXIT_TIMEOUT_SECONDS,
@@ -265,6 +303,19 @@ class ServeOptions:
     llm_startup_timeout: float
     exit_timeout_seconds: int
     dry_run: bool
+    llm_runtime: str = "tensorrt-llm"
+    checkpoint_dir: Path | None = None
+    checkpoint_key: str = ""
+    llm_dtype: str = "bfloat16"
+    llm_kv_cache_dtype: str = "auto"
+    llm_max_batch_size: int = 16
+    llm_max_num_tokens: int = 32768
+    llm_gpu_memory_utilization: float = 0.4
+    llm_served_model_name: str = "cosyvoice-llm"
+
+    @property
+    def vllm(self) -> bool:
+        return self.llm_runtime == "vllm"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeOptions:
@@ -289,14 +340,31 @@ class ServeOptions:
             llm_startup_timeout=args.llm_startup_timeout_seconds,
             exit_timeout_seconds=args.exit_timeout_seconds,
             dry_run=args.dry_run,
+            llm_runtime=args.llm_runtime,
+            checkpoint_dir=args.checkpoint_dir,
+            checkpoint_key=args.checkpoint_key,
+            llm_dtype=args.llm_dtype,
+            llm_kv_cache_dtype=args.llm_kv_cache_dtype,
+            llm_max_batch_size=args.llm_max_batch_size,
+            llm_max_num_tokens=args.llm_max_num_tokens,
+            llm_gpu_memory_utilization=args.llm_gpu_memory_utilization,
+            llm_served_model_name=args.llm_served_model_name,
         )
+        if options.vllm:
+            if options.checkpoint_dir is None or not options.checkpoint_key:
+                raise ConfigError("--llm-runtime vllm needs --checkpoint-dir and --checkpoint-key")
+            try:
+                validate_key(options.checkpoint_key)
+            except InvalidRequest as exc:
+                raise ConfigError(str(exc)) from exc
         options.check_ports()
         return options
 
     @property
     def serves_llm(self) -> bool:
-        """Only cosyvoice3 runs its LLM beside Triton; cosyvoice2's is a Triton backend."""
-        return self.variant is Variant.COSYVOICE3
+        """cosyvoice3 runs its LLM beside Triton, and so does vLLM; cosyvoice2 on TensorRT-LLM
+        has it in a Triton backend."""
+        return self.variant is Variant.COSYVOICE3 or self.vllm
 
     def check_ports(self) -> None:
         triton = {
@@ -514,6 +582,7 @@ def compare(
     facts: PodFacts,
     llm_groups: tuple[tuple[str, ...], ...] | None,
     file_problems: Sequence[str],
+    vllm: bool = False,
 ) -> list[Mismatch]:
     """Everything about this pod that keeps the engine from loading correctly in it."""
     found: list[Mismatch] = []
@@ -561,10 +630,10 @@ def compare(
 
     versions = manifest.get("versions")
     versions = versions if isinstance(versions, dict) else {}
-    for name, field_name, have in (
-        ("TensorRT", "tensorrt", facts.tensorrt),
-        ("TensorRT-LLM", "tensorrtLlm", facts.tensorrt_llm),
-    ):
+    checked = [("TensorRT", "tensorrt", facts.tensorrt)]
+    if not vllm:  # vLLM's pods load TensorRT plans, no TensorRT-LLM engine
+        checked.append(("TensorRT-LLM", "tensorrtLlm", facts.tensorrt_llm))
+    for name, field_name, have in checked:
         built = versions.get(field_name)
         if have is None:
             found.append(
@@ -587,8 +656,9 @@ def compare(
                 )
             )
 
-    if variant is Variant.COSYVOICE3:
-        tp = manifest.get("tensorParallelSize")
+    if variant is Variant.COSYVOICE3 or vllm:
+        # vLLM's tensor parallelism is the groups' size itself: nothing built to match.
+        tp = None if vllm else manifest.get("tensorParallelSize")
         groups = llm_groups
         if isinstance(tp, int) and groups is not None:
             sizes = sorted({len(g) for g in groups})
@@ -669,7 +739,26 @@ def run_gate(
         facts=facts,
         llm_groups=effective_llm_groups(options, manifest),
         file_problems=check_file_sizes(options.engine_dir, manifest),
+        vllm=options.vllm,
     )
+    if options.vllm and options.checkpoint_dir is not None:
+        try:
+            checkpoint = read_manifest(options.checkpoint_dir, options.checkpoint_key)
+        except _ManifestUnusable as exc:
+            return GateResult(False, exc.reason, f"checkpoint: {exc}"), facts
+        problems = check_file_sizes(options.checkpoint_dir, checkpoint)
+        if problems:
+            mismatches.append(
+                Mismatch(
+                    "files",
+                    f"{len(problems)} file(s) of checkpoint {options.checkpoint_key} missing or "
+                    f"changed since the fetch: {', '.join(problems[:_MESSAGE_FILES_LISTED])}",
+                    f"`kubectl delete jobs,configmaps -l tts.cosyvoice.dev/engine-key="
+                    f"{options.checkpoint_key}` makes the operator fetch it again",
+                )
+            )
+        # The model view and the LLM servers read the checkpoint's layout.
+        manifest = {**manifest, "checkpointLayout": checkpoint.get("layout") or {}}
     if mismatches:
         message = gate_message(options.key, manifest, facts, mismatches)
         return GateResult(False, "EngineIncompatible", message, mismatches, manifest), facts
@@ -761,7 +850,7 @@ def plan_model_view(
     options: ServeOptions, manifest: Mapping[str, Any], gpu_count: int
 ) -> dict[str, Path]:
     """Name in the view -> what it links to: the model directory's entries, then the plans."""
-    model_dir = _layout_path(options.engine_dir, manifest, "modelDir", ENGINE_MODEL_DIR)
+    model_dir = _model_dir(options, manifest)
     if not model_dir.is_dir():
         raise ConfigError(f"the engine's model directory {model_dir} does not exist")
     links = {entry.name: entry for entry in sorted(model_dir.iterdir())}
@@ -787,6 +876,53 @@ def assemble_model_view(target: Path, links: Mapping[str, Path]) -> None:
 
 
 # ----------------------------------------------------------------------------- commands
+
+
+def _model_dir(options: ServeOptions, manifest: Mapping[str, Any]) -> Path:
+    """The engine's model directory, or with vLLM the checkpoint's."""
+    if options.vllm and options.checkpoint_dir is not None:
+        layout = {"layout": manifest.get("checkpointLayout") or {}}
+        return _layout_path(options.checkpoint_dir, layout, "modelDir", ENGINE_MODEL_DIR)
+    return _layout_path(options.engine_dir, manifest, "modelDir", ENGINE_MODEL_DIR)
+
+
+def vllm_serve_argv(
+    options: ServeOptions,
+    manifest: Mapping[str, Any],
+    port: int,
+    tensor_parallel_size: int,
+    environ: Mapping[str, str],
+) -> tuple[str, ...]:
+    """One vLLM OpenAI server on the checkpoint's LLM (its Hugging Face directory)."""
+    assert options.checkpoint_dir is not None
+    layout = {"layout": manifest.get("checkpointLayout") or {}}
+    llm = _layout_path(
+        options.checkpoint_dir, layout, "tokenizerDir", f"{ENGINE_MODEL_DIR}/{LLM_SUBDIR}"
+    )
+    argv = [
+        environ.get("VLLM") or "vllm",
+        "serve",
+        str(llm),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        options.llm_served_model_name,
+        "--tensor-parallel-size",
+        str(tensor_parallel_size),
+        "--dtype",
+        options.llm_dtype,
+        "--max-num-seqs",
+        str(options.llm_max_batch_size),
+        "--max-num-batched-tokens",
+        str(options.llm_max_num_tokens),
+        "--gpu-memory-utilization",
+        f"{options.llm_gpu_memory_utilization:g}",
+    ]
+    if options.llm_kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", options.llm_kv_cache_dtype]
+    return tuple(argv)
 
 
 def _layout_path(
@@ -856,13 +992,14 @@ class LlmServer:
     gpus: tuple[str, ...]
     port: int
     argv: tuple[str, ...]
+    program: str = "trtllm-serve"
 
     @property
     def name(self) -> str:
         return f"llm{self.index}"
 
     def describe(self) -> str:
-        return f"trtllm-serve {self.name} (GPUs {','.join(self.gpus)}, port {self.port})"
+        return f"{self.program} {self.name} (GPUs {','.join(self.gpus)}, port {self.port})"
 
 
 def plan_llm_servers(
@@ -871,8 +1008,13 @@ def plan_llm_servers(
     servers = []
     for index, gpus in enumerate(effective_llm_groups(options, manifest) or ()):
         port = options.llm_base_port + index
-        argv = trtllm_serve_argv(options, manifest, port, environ)
-        servers.append(LlmServer(index, gpus, port, argv))
+        argv = (
+            vllm_serve_argv(options, manifest, port, len(gpus), environ)
+            if options.vllm
+            else trtllm_serve_argv(options, manifest, port, environ)
+        )
+        program = "vllm serve" if options.vllm else "trtllm-serve"
+        servers.append(LlmServer(index, gpus, port, argv, program))
     return servers
 
 
@@ -1251,9 +1393,7 @@ def _serve(
             f"in {options.model_view}, with these plans:"
         )
         for name, source in view.items():
-            if source.parent != _layout_path(
-                options.engine_dir, gate.manifest, "modelDir", ENGINE_MODEL_DIR
-            ):
+            if source.parent != _model_dir(options, gate.manifest):
                 console.out(f"[repository]   {name} -> {source}")
         for server in servers:
             console.out(

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .conditions import parse_time
-from .engine import EngineIdentity, EngineTarget
+from .engine import EngineIdentity, EngineTarget, identity_to_dict
 from .gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE, GPU_TOLERATION
 from .spec import ServiceSpec
 
@@ -107,8 +107,36 @@ def selector(identity: EngineIdentity, cache: Cache) -> str:
 
 
 def builder_args(identity: EngineIdentity) -> list[str]:
-    """The engine builder's command line (engine-builder/README.md documents it)."""
-    return [
+    """The engine builder's command line (engine-builder/README.md documents it).
+
+    ``build`` for a TensorRT-LLM engine (and its plans); ``build --llm-runtime vllm`` for the
+    plans alone; ``prefetch`` for vLLM's architecture-free checkpoint."""
+    common = [
+        "--key",
+        identity.key,
+        "--cache-dir",
+        CACHE_MOUNT,
+        "--variant",
+        identity.variant,
+        "--model-uri",
+        identity.model_uri,
+        "--revision",
+        identity.revision,
+    ]
+    if identity.artifact == "checkpoint":
+        return ["prefetch", *common, "--pvc-root", MODELS_MOUNT]
+    if identity.artifact == "plans":
+        return [
+            "build",
+            *common,
+            "--llm-runtime",
+            identity.llm_runtime,
+            "--gpu-arch",
+            identity.gpu_arch,
+            "--pvc-root",
+            MODELS_MOUNT,
+        ]
+    args = [
         "build",
         "--key",
         identity.key,
@@ -133,6 +161,17 @@ def builder_args(identity: EngineIdentity) -> list[str]:
         "--pvc-root",
         MODELS_MOUNT,
     ]
+    # Only where not at their defaults: an existing engine's Job reads as it always did.
+    if identity.kv_cache_type != "auto":
+        args += ["--kv-cache-type", identity.kv_cache_type]
+    if identity.smooth_quant:
+        options = identity.smooth_quant.split(",")
+        args += ["--smoothquant-alpha", options[0].removeprefix("alpha=")]
+        if "per_token" in options:
+            args.append("--smoothquant-per-token")
+        if "per_channel" in options:
+            args.append("--smoothquant-per-channel")
+    return args
 
 
 # The Secret keys the builder reads, per model URI scheme (engine-builder/README.md): the
@@ -240,17 +279,7 @@ def render_job(
             {"name": "HF_HOME", "value": "/tmp/hf"},
             *credential_env(spec.model.scheme, spec.model.credentials_secret),
         ],
-        "resources": {
-            "requests": {
-                "cpu": settings.cpu_request,
-                "memory": settings.memory_request,
-                GPU_RESOURCE: str(ident.tensor_parallel_size),
-            },
-            "limits": {
-                "memory": settings.memory_limit,
-                GPU_RESOURCE: str(ident.tensor_parallel_size),
-            },
-        },
+        "resources": _build_resources(ident, settings),
         "volumeMounts": mounts,
         "terminationMessagePath": "/dev/termination-log",
         # A builder killed before it writes its message still leaves its last log lines.
@@ -291,6 +320,9 @@ def render_job(
         ],
         "automountServiceAccountToken": False,
     }
+    if ident.artifact == "checkpoint":
+        # A download: no GPU, so no GPU node either (any node that mounts the claim).
+        del pod_spec["affinity"]
     if settings.service_account:
         pod_spec["serviceAccountName"] = settings.service_account
     if settings.image_pull_secrets:
@@ -328,6 +360,29 @@ def render_job(
     }
 
 
+# vLLM's prefetch Job only downloads: a CPU and a little memory, no GPU.
+PREFETCH_RESOURCES: dict[str, Any] = {
+    "requests": {"cpu": "1", "memory": "2Gi"},
+    "limits": {"memory": "8Gi"},
+}
+
+
+def _build_resources(ident: EngineIdentity, settings: BuildSettings) -> dict[str, Any]:
+    if ident.artifact == "checkpoint":
+        return {key: dict(value) for key, value in PREFETCH_RESOURCES.items()}
+    return {
+        "requests": {
+            "cpu": settings.cpu_request,
+            "memory": settings.memory_request,
+            GPU_RESOURCE: str(ident.tensor_parallel_size),
+        },
+        "limits": {
+            "memory": settings.memory_limit,
+            GPU_RESOURCE: str(ident.tensor_parallel_size),
+        },
+    }
+
+
 def _pod_failure_policy(container: str) -> dict[str, Any]:
     """Exit code 2 (the builder's and `remove`'s "bad input: a retry cannot fix it") fails the
     Job at once; an evicted or preempted pod is not the program's fault: retried freely."""
@@ -350,17 +405,7 @@ def _pod_failure_policy(container: str) -> dict[str, Any]:
 
 
 def _identity_dict(ident: EngineIdentity) -> dict[str, Any]:
-    return {
-        "modelUri": ident.model_uri,
-        "revision": ident.revision,
-        "variant": ident.variant,
-        "precision": ident.precision,
-        "tensorParallelSize": ident.tensor_parallel_size,
-        "maxBatchSize": ident.max_batch_size,
-        "maxNumTokens": ident.max_num_tokens,
-        "builderImage": ident.builder_image,
-        "gpuArch": ident.gpu_arch,
-    }
+    return identity_to_dict(ident)
 
 
 def render_record(
@@ -411,7 +456,7 @@ _CONTENT_KEY = re.compile(r"^[0-9a-f]{40}$")
 
 def cleanup_job_name(key: str, gpu_arch: str, cache: Cache) -> str:
     """``cvs-engine-gc-sm90-<key prefix>-<claim tag>``: the build's base name, marked gc."""
-    return f"cvs-engine-gc-{gpu_arch.replace('_', '')}-{key[:20]}-{cache.tag}"
+    return f"cvs-engine-gc-{gpu_arch.replace('_', '') or 'ckpt'}-{key[:20]}-{cache.tag}"
 
 
 def render_cleanup_job(

@@ -57,19 +57,8 @@ def identity_of(obj: Mapping[str, Any]) -> EngineIdentity | None:
         buildjob.IDENTITY_ANNOTATION
     ) or (obj.get("data") or {}).get("identity")
     try:
-        data = json.loads(raw or "")
-        return EngineIdentity(
-            model_uri=str(data["modelUri"]),
-            revision=str(data["revision"]),
-            variant=str(data["variant"]),
-            precision=str(data["precision"]),
-            tensor_parallel_size=int(data["tensorParallelSize"]),
-            max_batch_size=int(data["maxBatchSize"]),
-            max_num_tokens=int(data["maxNumTokens"]),
-            builder_image=str(data["builderImage"]),
-            gpu_arch=str(data["gpuArch"]),
-        )
-    except (ValueError, KeyError, TypeError):
+        return engine.identity_from_dict(json.loads(raw or ""))
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -92,10 +81,14 @@ def wanted(
         plan = engine.plan(
             svc, [] if svc.engine.gpu_products else nodes, policy.build.default_builder_image
         )
-        for target in plan.targets:
+        # vLLM's checkpoint has no architecture: its exact key is its loose key too.
+        for target in plan.builds:
             exact.add((tag, target.key))
         base = engine.identity(svc, "", policy.build.default_builder_image)
         loose.add((tag, base.key))
+        checkpoint = engine.checkpoint_identity(svc, policy.build.default_builder_image)
+        if checkpoint is not None:
+            loose.add((tag, checkpoint.key))
     return exact, loose
 
 

@@ -58,14 +58,20 @@ _FAMILY_ARCH: dict[str, str] = {
 
 # The oldest architecture each precision runs on (TensorRT-LLM's support matrix): bfloat16
 # needs Ampere (sm_80) tensor cores, FP8 needs Ada (sm_89) or Hopper. The weight-only modes
-# (int8/int4 weights) run with bfloat16 activations in the builder, so they need sm_80 too.
-# float16 runs on every architecture of the table above.
+# (int8/int4 weights) run with bfloat16 activations in the builder, so they need sm_80 too,
+# as does SmoothQuant (INT8 GEMMs, bfloat16 elsewhere; TensorRT-LLM's Qwen support matrix
+# says Ampere+). float16 runs on every architecture of the table above.
 PRECISION_MIN_SM: dict[str, int] = {
     "bfloat16": 80,
     "int8-weight-only": 80,
     "int4-weight-only": 80,
+    "int8-smoothquant": 80,
     "fp8": 89,
 }
+# The KV cache's own needs on top of the precision's: FP8 needs the FP8 tensor cores of Ada
+# or Hopper (TensorRT-LLM's fp8 KV cache; vLLM's fp8 KV cache is refused below sm_89 too,
+# rather than left to its slower emulated path); int8 adds nothing.
+KV_CACHE_MIN_SM: dict[str, int] = {"fp8": 89}
 
 _PREFIXES = ("NVIDIA-", "Tesla-", "NVIDIA-Tesla-", "NVIDIA-GeForce-")
 
@@ -108,6 +114,14 @@ def precision_unsupported(precision: str, arch: str) -> str | None:
     if needed is None or sm_number(arch) >= needed:
         return None
     return f"{precision} needs sm_{needed} or newer"
+
+
+def kv_cache_unsupported(kv_cache_type: str, arch: str) -> str | None:
+    """Why a KV cache of this type cannot run on this architecture, or None if it can."""
+    needed = KV_CACHE_MIN_SM.get(kv_cache_type)
+    if needed is None or sm_number(arch) >= needed:
+        return None
+    return f"{kv_cache_type} needs sm_{needed} or newer"
 
 
 @dataclass(frozen=True)

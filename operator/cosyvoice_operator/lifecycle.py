@@ -54,6 +54,7 @@ WARNING_REASONS = frozenset(
         "CredentialsSecretInvalid",
         "UnknownGPUProduct",
         "PrecisionUnsupported",
+        "KVCacheUnsupported",
         "NoEligibleGPUNodes",
     }
 )
@@ -326,7 +327,7 @@ def reconcile_service(
     states: dict[str, EngineState] = {}
     creates: list[CreateObject] = []
     wants: set[EngineRef] = set()
-    for target in plan.targets:
+    for target in plan.builds:
         if cache is None:
             states[target.key] = EngineState("Pending", "blocked")
             continue

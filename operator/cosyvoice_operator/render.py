@@ -1,10 +1,11 @@
 """`cosyvoice-operator render`: every object the operator would create for one service,
 without a cluster (pure, apart from reading the file).
 
-The build Jobs are rendered as their first attempt; the serving workloads as they are once
-every engine is Ready. What only a cluster knows is stated instead of guessed: the GPU
-products come from `spec.engine.gpuProducts` or `--gpu-product`, and the cache claim's uid
-(part of Job and record names) is shown as a placeholder.
+The build Jobs (and, with vLLM, the prefetch Job of the checkpoint) are rendered as their
+first attempt; the serving workloads as they are once every engine is Ready. What only a
+cluster knows is stated instead of guessed: the GPU products come from
+`spec.engine.gpuProducts` or `--gpu-product`, and the cache claim's uid (part of Job and
+record names) is shown as a placeholder.
 """
 
 from __future__ import annotations
@@ -84,18 +85,22 @@ def render_service(
         raise RenderError("; ".join(r.message for r in plan.rejected))
     cache = buildjob.Cache(svc.engine.cache_claim_name, CLAIM_UID_PLACEHOLDER)
     out: list[dict[str, Any]] = []
-    for target in plan.targets:
+    # The build Jobs (per architecture), then vLLM's prefetch Job of the checkpoint.
+    for target in plan.builds:
         out.append(buildjob.render_job(target, svc, namespace, 1, cfg.build, cache))
     shares = workloads.split_replicas(
         svc.replicas, [(t.identity.gpu_arch, 0) for t in plan.targets]
     )
+    checkpoint_key = plan.checkpoint.key if plan.checkpoint is not None else ""
     for target in plan.targets:
         arch = target.identity.gpu_arch
         out.extend(
             workloads.render_architecture(
                 body,
                 svc,
-                workloads.ArchServing(arch, target.key, target.products, shares[arch]),
+                workloads.ArchServing(
+                    arch, target.key, target.products, shares[arch], checkpoint_key
+                ),
                 namespace,
                 cfg.serving,
             )

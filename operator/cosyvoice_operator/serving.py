@@ -60,6 +60,12 @@ def served_key(deployment: Mapping[str, Any]) -> str:
     )
 
 
+def served_checkpoint(deployment: Mapping[str, Any]) -> str:
+    """The vLLM checkpoint a Deployment serves from ("" without vLLM)."""
+    notes = (deployment.get("metadata") or {}).get("annotations") or {}
+    return str(notes.get(workloads.CHECKPOINT_ANNOTATION, ""))
+
+
 def _count(deployment: Mapping[str, Any], field_name: str) -> int:
     return int((deployment.get("status") or {}).get(field_name) or 0)
 
@@ -114,16 +120,27 @@ def plan_serving(
     fresh: dict[str, tuple[str, tuple[str, ...]]] = {}  # arch -> (key, products) to render
     frozen: dict[str, Mapping[str, Any]] = {}  # arch -> Deployment left on its old engine
     waiting: list[str] = []
+    # vLLM: every architecture also needs the fetched checkpoint; until it is there, an
+    # architecture is as not Ready as if its own plans were missing.
+    checkpoint = plan.checkpoint
+    checkpoint_key = checkpoint.key if checkpoint is not None else ""
     for target in plan.targets:
         arch = target.identity.gpu_arch
-        if states[target.key].state == "Ready":
+        st = states[target.key]
+        if checkpoint is not None and st.state == "Ready":
+            ckpt = states[checkpoint.key]
+            if ckpt.state != "Ready":
+                st = dataclasses.replace(
+                    ckpt, message=f"checkpoint {checkpoint_key[:12]}: {ckpt.message}"
+                )
+        if st.state == "Ready":
             fresh[arch] = (target.key, target.products)
         elif arch in existing:
             frozen[arch] = existing[arch]
             old = served_key(existing[arch])
             waiting.append(
                 f"{arch} serves engine {old[:12]} until engine {target.key[:12]} is built "
-                f"({states[target.key].state}: {states[target.key].message})"
+                f"({st.state}: {st.message})"
             )
     served = sorted(set(fresh) | set(frozen))
     shares = workloads.split_replicas(desired_total, [(a, capacity.get(a, 0)) for a in served])
@@ -132,8 +149,14 @@ def plan_serving(
     for arch in sorted(fresh):
         key, products = fresh[arch]
         keys.add(key)
+        if checkpoint_key:
+            keys.add(checkpoint_key)
         repo, deployment = workloads.render_architecture(
-            body, svc, ArchServing(arch, key, products, shares[arch]), namespace, settings
+            body,
+            svc,
+            ArchServing(arch, key, products, shares[arch], checkpoint_key),
+            namespace,
+            settings,
         )
         for obj in (repo, deployment):
             seen = world.owned(obj["kind"], namespace, obj["metadata"]["name"])
@@ -145,7 +168,7 @@ def plan_serving(
             if drifted or workloads.applied_hash(seen) != workloads.applied_hash(obj):
                 effects.append(ApplyObject(obj))
     for arch, stale in sorted(frozen.items()):
-        keys.add(served_key(stale))
+        keys.update(k for k in (served_key(stale), served_checkpoint(stale)) if k)
         if int((stale.get("spec") or {}).get("replicas") or 0) != shares[arch]:
             effects.append(
                 PatchObject(
@@ -176,7 +199,8 @@ def plan_serving(
             present.add(gpus.architecture(node.product))
     for arch, gone in sorted(existing.items()):
         if arch not in planned_archs and not svc.engine.gpu_products and arch in present:
-            keys.add(served_key(gone))  # left as it is, its engine kept by the cleanup
+            # left as it is, its engine (and checkpoint) kept by the cleanup
+            keys.update(k for k in (served_key(gone), served_checkpoint(gone)) if k)
             continue
         if arch not in planned_archs:
             dmeta = gone.get("metadata") or {}

@@ -15,8 +15,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 VARIANTS = ("cosyvoice2", "cosyvoice3")
-PRECISIONS = ("bfloat16", "float16", "int8-weight-only", "int4-weight-only", "fp8")
+PRECISIONS = (
+    "bfloat16",
+    "float16",
+    "int8-weight-only",
+    "int4-weight-only",
+    "int8-smoothquant",
+    "fp8",
+)
 MODES = ("Active", "DryRun")
+LLM_RUNTIMES = ("tensorrt-llm", "vllm")
+# The LLM's KV cache: "auto" keeps the engine's own (the activation dtype; fp8 for fp8).
+KV_CACHE_TYPES = ("auto", "int8", "fp8")
+# What vLLM serves from the Hugging Face checkpoint as it is (its --dtype); the quantized
+# modes are TensorRT-LLM engine builds.
+VLLM_PRECISIONS = ("bfloat16", "float16")
+TIMEOUT_ACTIONS = ("Reject", "Delay")
+# Upstream's orchestrator: dynamic_chunk_strategy (exponential, equal, time_based).
+HOP_GROWTHS = ("exponential", "equal", "time-based")
+# Upstream's token_hop_len: 15 speech tokens (0.6 s at 25 Hz) in the first chunk.
+UPSTREAM_FIRST_CHUNK_TOKENS = 15
 _URI = re.compile(r"^(hf|s3|pvc)://([^/\s]+)/(\S+)$")
 
 
@@ -34,6 +52,7 @@ class ModelSpec:
     uri: str
     revision: str = ""
     credentials_secret: str = ""
+    llm_runtime: str = "tensorrt-llm"
 
     @property
     def scheme(self) -> str:
@@ -49,6 +68,15 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class SmoothQuant:
+    """TensorRT-LLM's SmoothQuant (INT8 weights and activations) options."""
+
+    alpha: float = 0.5
+    per_token: bool = True
+    per_channel: bool = True
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     precision: str = "bfloat16"
     tensor_parallel_size: int = 1
@@ -57,6 +85,9 @@ class EngineSpec:
     builder_image: str = ""
     cache_claim_name: str = "cosyvoice-engines"
     gpu_products: tuple[str, ...] = ()
+    kv_cache_type: str = "auto"
+    # Set only with precision int8-smoothquant.
+    smooth_quant: SmoothQuant | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +95,36 @@ class DynamicBatching:
     preferred_batch_sizes: tuple[int, ...] = (4, 8, 16)
     max_queue_delay_microseconds: int = 500
     priority_levels: int = 2
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """One Triton ModelQueuePolicy (0 = unbounded queue, no timeout)."""
+
+    max_queue_size: int = 0
+    default_timeout_microseconds: int = 0
+    timeout_action: str = "Reject"
+    allow_timeout_override: bool = False
+
+
+@dataclass(frozen=True)
+class PriorityQueuePolicy:
+    priority_level: int
+    policy: QueuePolicy
+
+
+@dataclass(frozen=True)
+class QueuePolicySpec:
+    """The orchestrator's queue: a default policy and optional per-priority ones."""
+
+    default: QueuePolicy = field(default_factory=QueuePolicy)
+    priority_policies: tuple[PriorityQueuePolicy, ...] = ()
+
+
+@dataclass(frozen=True)
+class StreamChunking:
+    first_chunk_tokens: int = UPSTREAM_FIRST_CHUNK_TOKENS
+    hop_growth: str = "exponential"
 
 
 @dataclass(frozen=True)
@@ -77,6 +138,9 @@ class ServingSpec:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     affinity: Mapping[str, Any] = field(default_factory=dict)
+    # None: no queue policy rendered (Triton's default, an unbounded queue).
+    queue_policy: QueuePolicySpec | None = None
+    stream_chunking: StreamChunking = field(default_factory=StreamChunking)
 
 
 @dataclass(frozen=True)
@@ -152,6 +216,106 @@ def _str(raw: Mapping[str, Any], key: str, default: str = "") -> str:
     return "" if value is None else str(value)
 
 
+def _bool(raw: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(f"{path}.{key}", f"must be true or false, got {value!r}")
+    return value
+
+
+def _smooth_quant(e: Mapping[str, Any]) -> SmoothQuant | None:
+    precision = e.get("precision", "bfloat16")
+    raw = e.get("smoothQuant")
+    if raw is None:
+        return SmoothQuant() if precision == "int8-smoothquant" else None
+    if precision != "int8-smoothquant":
+        raise SpecError(
+            "spec.engine.smoothQuant",
+            f"is only read with spec.engine.precision int8-smoothquant, not {precision!r}",
+        )
+    sq = _obj(e, "smoothQuant", "spec.engine")
+    alpha = sq.get("alpha", 0.5)
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
+        raise SpecError("spec.engine.smoothQuant.alpha", f"must be between 0 and 1, got {alpha!r}")
+    path = "spec.engine.smoothQuant"
+    return SmoothQuant(
+        alpha=float(alpha),
+        per_token=_bool(sq, "perToken", path, True),
+        per_channel=_bool(sq, "perChannel", path, True),
+    )
+
+
+def _check_engine_combinations(model: ModelSpec, engine: EngineSpec) -> None:
+    """The pairs no GPU can run, whatever its architecture (the CRD's CEL rules say the same)."""
+    if model.llm_runtime == "vllm":
+        if engine.precision not in VLLM_PRECISIONS:
+            raise SpecError(
+                "spec.engine.precision",
+                f"{engine.precision} is a TensorRT-LLM engine build; with spec.model.llmRuntime "
+                f"vllm use {' or '.join(VLLM_PRECISIONS)} (vLLM serves the checkpoint as it is)",
+            )
+        if engine.kv_cache_type == "int8":
+            raise SpecError(
+                "spec.engine.kvCacheType",
+                "int8 is a TensorRT-LLM engine option; vLLM quantizes its KV cache to fp8 only",
+            )
+    if engine.precision == "int8-smoothquant" and engine.kv_cache_type == "fp8":
+        raise SpecError(
+            "spec.engine.kvCacheType",
+            "fp8 cannot go with spec.engine.precision int8-smoothquant (TensorRT-LLM's FP8 KV "
+            "cache path would not apply spec.engine.smoothQuant); use auto or int8",
+        )
+    if engine.precision == "fp8" and engine.kv_cache_type == "int8":
+        raise SpecError(
+            "spec.engine.kvCacheType",
+            "int8 cannot go with spec.engine.precision fp8 (an fp8 engine keeps its KV cache "
+            "in fp8); use auto or fp8",
+        )
+
+
+def _policy(raw: Mapping[str, Any], path: str) -> QueuePolicy:
+    return QueuePolicy(
+        max_queue_size=_int(raw, "maxQueueSize", path, 0, 0, 1 << 20),
+        default_timeout_microseconds=_int(
+            raw, "defaultTimeoutMicroseconds", path, 0, 0, 3600 * 10**6
+        ),
+        timeout_action=_enum(raw, "timeoutAction", path, TIMEOUT_ACTIONS, "Reject"),
+        allow_timeout_override=_bool(raw, "allowTimeoutOverride", path, False),
+    )
+
+
+def _queue_policy(s: Mapping[str, Any], db: Mapping[str, Any]) -> QueuePolicySpec | None:
+    if s.get("queuePolicy") is None:
+        return None
+    path = "spec.serving.queuePolicy"
+    raw = _obj(s, "queuePolicy", "spec.serving")
+    levels = _int(db, "priorityLevels", "spec.serving.dynamicBatching", 2, 0, 100)
+    found: list[PriorityQueuePolicy] = []
+    for i, entry in enumerate(raw.get("priorityPolicies") or []):
+        where = f"{path}.priorityPolicies[{i}]"
+        if not isinstance(entry, Mapping):
+            raise SpecError(where, "must be an object")
+        level = _int(entry, "priorityLevel", where, 0, 1, 100)
+        if level > levels:
+            raise SpecError(
+                f"{where}.priorityLevel",
+                f"must be <= spec.serving.dynamicBatching.priorityLevels ({levels}), got {level}",
+            )
+        if any(p.priority_level == level for p in found):
+            raise SpecError(f"{where}.priorityLevel", f"level {level} has a policy already")
+        found.append(PriorityQueuePolicy(level, _policy(entry, where)))
+    return QueuePolicySpec(_policy(raw, path), tuple(sorted(found, key=lambda p: p.priority_level)))
+
+
+def _stream_chunking(s: Mapping[str, Any]) -> StreamChunking:
+    raw = _obj(s, "streamChunking", "spec.serving")
+    path = "spec.serving.streamChunking"
+    return StreamChunking(
+        first_chunk_tokens=_int(raw, "firstChunkTokens", path, UPSTREAM_FIRST_CHUNK_TOKENS, 1, 750),
+        hop_growth=_enum(raw, "hopGrowth", path, HOP_GROWTHS, "exponential"),
+    )
+
+
 def parse(spec: Mapping[str, Any]) -> ServiceSpec:
     """A raw ``.spec`` (as the API server stores it) into a validated ServiceSpec."""
     m = _obj(spec, "model", "spec")
@@ -162,7 +326,13 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
             "spec.model.uri",
             f"must be hf://ORG/NAME, s3://BUCKET/PATH or pvc://CLAIM/PATH, got {uri!r}",
         )
-    model = ModelSpec(variant, uri, _str(m, "revision"), _str(m, "credentialsSecret"))
+    model = ModelSpec(
+        variant,
+        uri,
+        _str(m, "revision"),
+        _str(m, "credentialsSecret"),
+        _enum(m, "llmRuntime", "spec.model", LLM_RUNTIMES, "tensorrt-llm"),
+    )
 
     e = _obj(spec, "engine", "spec")
     tp = _int(e, "tensorParallelSize", "spec.engine", 1, 1, 8)
@@ -177,7 +347,10 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
         builder_image=_str(e, "builderImage"),
         cache_claim_name=_str(e, "cacheClaimName", "cosyvoice-engines") or "cosyvoice-engines",
         gpu_products=tuple(dict.fromkeys(str(p) for p in products)),
+        kv_cache_type=_enum(e, "kvCacheType", "spec.engine", KV_CACHE_TYPES, "auto"),
+        smooth_quant=_smooth_quant(e),
     )
+    _check_engine_combinations(model, engine)
 
     s = _obj(spec, "serving", "spec")
     gpus = _int(s, "gpusPerReplica", "spec.serving", 1, 1, 64)
@@ -221,6 +394,8 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
         node_selector={str(k): str(v) for k, v in (s.get("nodeSelector") or {}).items()},
         tolerations=tuple(s.get("tolerations") or ()),
         affinity=dict(s.get("affinity") or {}),
+        queue_policy=_queue_policy(s, db),
+        stream_chunking=_stream_chunking(s),
     )
 
     a = _obj(spec, "autoscaling", "spec")

@@ -43,6 +43,22 @@ def engine_entries(plan: EnginePlan, states: Mapping[str, EngineState]) -> list[
             if st.next_retry is not None:
                 entry["nextRetryTime"] = conditions.timestamp(st.next_retry)
             entries.append(entry)
+    if plan.checkpoint is not None:
+        # vLLM's checkpoint serves every product: one entry, without product or architecture.
+        st = states[plan.checkpoint.key]
+        entry = {
+            "gpuProduct": "",
+            "gpuArch": "",
+            "artifact": "checkpoint",
+            "key": plan.checkpoint.key,
+            "state": st.state,
+            "job": st.job,
+            "message": st.message,
+            "attempts": st.attempts,
+        }
+        if st.next_retry is not None:
+            entry["nextRetryTime"] = conditions.timestamp(st.next_retry)
+        entries.append(entry)
     for rejected in plan.rejected:
         entries.append(
             {
@@ -111,7 +127,7 @@ def engine_status(
     assert plan is not None
     entries = engine_entries(plan, states)
     summary = engine_summary(entries)
-    all_built = bool(plan.targets) and all(states[t.key].state == "Ready" for t in plan.targets)
+    all_built = bool(plan.targets) and all(states[t.key].state == "Ready" for t in plan.builds)
     # Products asked for by name (spec.engine.gpuProducts) that get no engine make the
     # engines not ready: the user asked for them. Products merely found on the cluster's
     # nodes do not hold back the engines of the others (a new GPU type joining the
@@ -149,8 +165,10 @@ def engine_status(
         }
     else:
         by_state: dict[str, list[str]] = {}
-        for t in plan.targets:
-            by_state.setdefault(states[t.key].state, []).append(t.identity.gpu_arch)
+        for t in plan.builds:
+            by_state.setdefault(states[t.key].state, []).append(
+                t.identity.gpu_arch or "the vLLM checkpoint"
+            )
         if set(by_state) == {"Ready"}:
             message = f"engines ready for {', '.join(sorted(by_state['Ready']))}"
             for left_out in plan.rejected:
@@ -162,7 +180,7 @@ def engine_status(
                 "message": message,
             }
         elif "Failed" in by_state:
-            failed = [states[t.key] for t in plan.targets if states[t.key].state == "Failed"]
+            failed = [states[t.key] for t in plan.builds if states[t.key].state == "Failed"]
             final = [s for s in failed if s.next_retry is None and s.action != "create"]
             cond = {
                 "type": "EngineReady",
@@ -174,7 +192,7 @@ def engine_status(
             pending = [s for s in by_state if s != "Ready"]
             reasons = [
                 states[t.key].reason
-                for t in plan.targets
+                for t in plan.builds
                 if states[t.key].state in pending and states[t.key].reason
             ]
             cond = {
@@ -182,7 +200,7 @@ def engine_status(
                 "status": "False",
                 "reason": reasons[0] if reasons else "Building",
                 "message": "; ".join(
-                    states[t.key].message for t in plan.targets if states[t.key].state in pending
+                    states[t.key].message for t in plan.builds if states[t.key].state in pending
                 ),
             }
     engines_ready = cond["status"] == "True"

@@ -30,6 +30,7 @@ ARCH_LABEL = f"{GROUP}/gpu-arch"
 KEY_LABEL = f"{GROUP}/engine-key"
 HASH_ANNOTATION = f"{GROUP}/applied-hash"
 REPO_HASH_ANNOTATION = f"{GROUP}/repository-hash"
+CHECKPOINT_ANNOTATION = f"{GROUP}/checkpoint-key"
 MANAGER = "cosyvoice-operator"
 ENGINES_MOUNT = "/engines"
 REPO_MOUNT = "/etc/cosyvoice/repository"
@@ -42,6 +43,13 @@ class ServingSettings:
     """Operator-wide knobs of serving pods (from the operator's configuration)."""
 
     default_image: str = "ghcr.io/cosyvoice-operator/cosyvoice-triton:0.1.0-trtllm0.20.0"
+    # spec.model.llmRuntime vllm: the serving image with vLLM beside Triton
+    # (serving-image/Dockerfile, target vllm).
+    default_vllm_image: str = "ghcr.io/cosyvoice-operator/cosyvoice-triton:0.1.0-vllm"
+    # The share of each GPU a vLLM server may take (vllm serve --gpu-memory-utilization):
+    # the flow estimator and vocoder share the GPU, as with upstream's trtllm-serve, which
+    # takes 0.4 of the free memory for its KV cache.
+    vllm_gpu_memory_utilization: float = 0.4
     # How long a pod may take to load its engines before the startup probe gives up.
     startup_seconds: int = 900
     # How long in-flight streams may run on after a pod is told to stop.
@@ -59,6 +67,8 @@ class ArchServing:
     key: str
     products: tuple[str, ...]
     replicas: int
+    # vLLM: the key of the fetched checkpoint the pods serve the LLM from.
+    checkpoint_key: str = ""
 
 
 def short(arch: str) -> str:
@@ -143,11 +153,17 @@ def applied_hash(obj: Mapping[str, Any] | None) -> str:
 
 
 def render_repository(
-    body: Mapping[str, Any], svc: ServiceSpec, arch: str, key: str, namespace: str
+    body: Mapping[str, Any],
+    svc: ServiceSpec,
+    arch: str,
+    key: str,
+    namespace: str,
+    checkpoint_key: str = "",
 ) -> dict[str, Any]:
     """The ConfigMap of one architecture's model repository: `<model>.pbtxt` per model."""
     name = str((body.get("metadata") or {}).get("name"))
-    configs = triton.render_repository(svc, f"{ENGINES_MOUNT}/{key}")
+    checkpoint_dir = f"{ENGINES_MOUNT}/{checkpoint_key}" if checkpoint_key else ""
+    configs = triton.render_repository(svc, f"{ENGINES_MOUNT}/{key}", checkpoint_dir)
     return stamp(
         {
             "apiVersion": "v1",
@@ -193,7 +209,9 @@ def _resources(svc: ServiceSpec) -> dict[str, Any]:
     return {"requests": requests, "limits": limits}
 
 
-def serve_args(svc: ServiceSpec, key: str, settings: ServingSettings) -> list[str]:
+def serve_args(
+    svc: ServiceSpec, key: str, settings: ServingSettings, checkpoint_key: str = ""
+) -> list[str]:
     """The serving container's command line (`cosyvoice-engine-builder serve`)."""
     args = [
         "--engine-dir",
@@ -215,9 +233,34 @@ def serve_args(svc: ServiceSpec, key: str, settings: ServingSettings) -> list[st
         "--exit-timeout-seconds",
         str(settings.drain_seconds),
     ]
-    if svc.model.variant == "cosyvoice3":
+    if triton.llm_beside_triton(svc):
         groups = ";".join(",".join(str(g) for g in grp) for grp in triton.llm_groups(svc))
         args += ["--llm-groups", groups, "--llm-base-port", str(triton.LLM_BASE_PORT)]
+    if svc.model.llm_runtime == "vllm":
+        if not checkpoint_key:
+            raise ValueError("a vLLM service's pods need the key of its fetched checkpoint")
+        # vLLM's settings are flags of its server, not part of any build: changing them
+        # rolls the pods and rebuilds nothing.
+        args += [
+            "--llm-runtime",
+            "vllm",
+            "--checkpoint-dir",
+            f"{ENGINES_MOUNT}/{checkpoint_key}",
+            "--checkpoint-key",
+            checkpoint_key,
+            "--llm-dtype",
+            svc.engine.precision,
+            "--llm-kv-cache-dtype",
+            svc.engine.kv_cache_type,
+            "--llm-max-batch-size",
+            str(svc.engine.max_batch_size),
+            "--llm-max-num-tokens",
+            str(svc.engine.max_num_tokens),
+            "--llm-gpu-memory-utilization",
+            f"{settings.vllm_gpu_memory_utilization:g}",
+            "--llm-served-model-name",
+            triton.VLLM_SERVED_MODEL_NAME,
+        ]
     return args
 
 
@@ -230,7 +273,9 @@ def render_architecture(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One architecture's repository ConfigMap and its Deployment, whose pod template carries
     the repository's hash (a new repository rolls the pods)."""
-    repo = render_repository(body, svc, target.gpu_arch, target.key, namespace)
+    repo = render_repository(
+        body, svc, target.gpu_arch, target.key, namespace, target.checkpoint_key
+    )
     digest = hashlib.sha256(json.dumps(repo["data"], sort_keys=True).encode()).hexdigest()[:16]
     return repo, render_deployment(body, svc, target, namespace, settings, digest)
 
@@ -254,11 +299,33 @@ def render_deployment(
     for i, port in enumerate(triton.llm_ports(svc)):
         ports.append({"name": f"llm-{i}", "containerPort": port, "protocol": "TCP"})
     probe = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "timeoutSeconds": 5}
+    vllm = svc.model.llm_runtime == "vllm"
+    default_image = settings.default_vllm_image if vllm else settings.default_image
+    mounts: list[dict[str, Any]] = [
+        # Only this engine's directory, read-only: a pod cannot see or touch another.
+        {
+            "name": "engines",
+            "mountPath": f"{ENGINES_MOUNT}/{target.key}",
+            "subPath": target.key,
+            "readOnly": True,
+        },
+    ]
+    if target.checkpoint_key:
+        # vLLM: the fetched release (the LLM's Hugging Face checkpoint), shared by every
+        # architecture, from the same cache claim.
+        mounts.append(
+            {
+                "name": "engines",
+                "mountPath": f"{ENGINES_MOUNT}/{target.checkpoint_key}",
+                "subPath": target.checkpoint_key,
+                "readOnly": True,
+            }
+        )
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": svc.serving.image or settings.default_image,
+        "image": svc.serving.image or default_image,
         "imagePullPolicy": "IfNotPresent",
-        "args": serve_args(svc, target.key, settings),
+        "args": serve_args(svc, target.key, settings, target.checkpoint_key),
         "ports": ports,
         "env": [
             {"name": "HOME", "value": "/tmp"},
@@ -266,13 +333,7 @@ def render_deployment(
         ],
         "resources": _resources(svc),
         "volumeMounts": [
-            # Only this engine's directory, read-only: a pod cannot see or touch another.
-            {
-                "name": "engines",
-                "mountPath": f"{ENGINES_MOUNT}/{target.key}",
-                "subPath": target.key,
-                "readOnly": True,
-            },
+            *mounts,
             {"name": "repository", "mountPath": REPO_MOUNT, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "shm", "mountPath": "/dev/shm"},
@@ -351,7 +412,14 @@ def render_deployment(
                 "name": deployment_name(name, target.gpu_arch),
                 "namespace": namespace,
                 "labels": labels,
-                "annotations": {KEY_LABEL: target.key},
+                "annotations": {
+                    KEY_LABEL: target.key,
+                    **(
+                        {CHECKPOINT_ANNOTATION: target.checkpoint_key}
+                        if target.checkpoint_key
+                        else {}
+                    ),
+                },
                 "ownerReferences": [owner(body)],
             },
             "spec": {

@@ -322,6 +322,99 @@ INVALID_SPECS: list[tuple[str, Json, list[str]]] = [
         {"autoscaling": {"schedules": schedule(timezone="UTC+8 hours")}},
         ["spec.autoscaling.schedules[0].timezone"],
     ),
+    # --- the levers: LLM runtime, quantization, queue policy, stream chunking
+    (
+        "llm-runtime-not-in-enum",
+        {"model": {"llmRuntime": "sglang"}},
+        ["spec.model.llmRuntime", "Unsupported value"],
+    ),
+    (
+        "vllm-with-an-engine-only-precision",
+        {"model": {"llmRuntime": "vllm"}, "engine": {"precision": "int8-weight-only"}},
+        ["spec.engine.precision", "must be bfloat16 or float16 with spec.model.llmRuntime vllm"],
+    ),
+    (
+        "vllm-with-int8-kv-cache",
+        {"model": {"llmRuntime": "vllm"}, "engine": {"kvCacheType": "int8"}},
+        ["spec.engine.kvCacheType", "int8 is a TensorRT-LLM engine option"],
+    ),
+    (
+        "vllm-with-smoothquant-options",
+        {"model": {"llmRuntime": "vllm"}, "engine": {"smoothQuant": {"alpha": 0.5}}},
+        ["spec.engine.smoothQuant", "cannot be set with"],
+    ),
+    (
+        "smoothquant-options-without-smoothquant",
+        {"engine": {"precision": "int8-weight-only", "smoothQuant": {"alpha": 0.5}}},
+        ["spec.engine.smoothQuant", "only allowed with spec.engine.precision int8-smoothquant"],
+    ),
+    (
+        "smoothquant-alpha-above-one",
+        {"engine": {"precision": "int8-smoothquant", "smoothQuant": {"alpha": 1.5}}},
+        ["spec.engine.smoothQuant.alpha", "less than or equal to 1"],
+    ),
+    (
+        "fp8-engine-with-int8-kv-cache",
+        {"engine": {"precision": "fp8", "kvCacheType": "int8"}},
+        ["spec.engine.kvCacheType", "cannot go with spec.engine.precision fp8"],
+    ),
+    (
+        "smoothquant-with-fp8-kv-cache",
+        {"engine": {"precision": "int8-smoothquant", "kvCacheType": "fp8"}},
+        ["spec.engine.kvCacheType", "cannot go with spec.engine.precision int8-smoothquant"],
+    ),
+    (
+        "kv-cache-type-not-in-enum",
+        {"engine": {"kvCacheType": "fp16"}},
+        ["spec.engine.kvCacheType", "Unsupported value"],
+    ),
+    (
+        "queue-timeout-action-not-in-enum",
+        {"serving": {"queuePolicy": {"timeoutAction": "REJECT"}}},
+        ["spec.serving.queuePolicy.timeoutAction", "Unsupported value"],
+    ),
+    (
+        "queue-size-negative",
+        {"serving": {"queuePolicy": {"maxQueueSize": -1}}},
+        ["spec.serving.queuePolicy.maxQueueSize", "greater than or equal to 0"],
+    ),
+    (
+        "priority-policy-above-the-levels",
+        {
+            "serving": {
+                "dynamicBatching": {"priorityLevels": 2},
+                "queuePolicy": {"priorityPolicies": [{"priorityLevel": 3, "maxQueueSize": 4}]},
+            }
+        },
+        [
+            "spec.serving.queuePolicy.priorityPolicies",
+            "must be <= spec.serving.dynamicBatching.priorityLevels",
+        ],
+    ),
+    (
+        "priority-policy-level-twice",
+        {
+            "serving": {
+                "queuePolicy": {
+                    "priorityPolicies": [
+                        {"priorityLevel": 1, "maxQueueSize": 4},
+                        {"priorityLevel": 1, "maxQueueSize": 8},
+                    ]
+                }
+            }
+        },
+        ["spec.serving.queuePolicy.priorityPolicies[1]", "Duplicate value"],
+    ),
+    (
+        "first-chunk-zero-tokens",
+        {"serving": {"streamChunking": {"firstChunkTokens": 0}}},
+        ["spec.serving.streamChunking.firstChunkTokens", "greater than or equal to 1"],
+    ),
+    (
+        "hop-growth-not-in-enum",
+        {"serving": {"streamChunking": {"hopGrowth": "time_based"}}},
+        ["spec.serving.streamChunking.hopGrowth", "Unsupported value"],
+    ),
 ]
 
 
@@ -577,6 +670,46 @@ VALID_SPECS: list[tuple[str, Json]] = [
     ),
     ("fractional-target", {"autoscaling": {"targetQueueLatencyMilliseconds": 0.5}}),
     ("zero-replicas", {"replicas": 0}),
+    (
+        "vllm-with-fp8-kv-cache-on-four-gpus",
+        {
+            "model": {"llmRuntime": "vllm"},
+            "engine": {"precision": "float16", "kvCacheType": "fp8", "tensorParallelSize": 2},
+            "serving": {"gpusPerReplica": 4},
+        },
+    ),
+    (
+        "smoothquant-per-tensor-with-int8-kv-cache",
+        {
+            "engine": {
+                "precision": "int8-smoothquant",
+                "kvCacheType": "int8",
+                "smoothQuant": {"alpha": 0.8, "perToken": False, "perChannel": False},
+            }
+        },
+    ),
+    ("fp8-engine-with-fp8-kv-cache", {"engine": {"precision": "fp8", "kvCacheType": "fp8"}}),
+    (
+        "queue-policy-with-priorities",
+        {
+            "serving": {
+                "dynamicBatching": {"priorityLevels": 2},
+                "queuePolicy": {
+                    "maxQueueSize": 32,
+                    "defaultTimeoutMicroseconds": 2000000,
+                    "timeoutAction": "Reject",
+                    "priorityPolicies": [
+                        {"priorityLevel": 1, "defaultTimeoutMicroseconds": 0},
+                        {"priorityLevel": 2, "maxQueueSize": 4, "timeoutAction": "Delay"},
+                    ],
+                },
+            }
+        },
+    ),
+    (
+        "small-first-chunk-equal-hops",
+        {"serving": {"streamChunking": {"firstChunkTokens": 5, "hopGrowth": "equal"}}},
+    ),
     (
         "resources-and-scheduling",
         {

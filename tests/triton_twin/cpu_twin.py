@@ -260,6 +260,18 @@ class _ChatHandler(http.server.BaseHTTPRequestHandler):
             return
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
         self.server.record(body)
+        wanted = self.server.served_model
+        if wanted and body.get("model") != wanted:
+            # As vLLM answers a chat completion for a model it does not serve.
+            answer = json.dumps(
+                {"object": "error", "message": f"The model `{body.get('model')}` does not exist."}
+            ).encode()
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+            return
         count = speech_token_count(body["messages"][0]["content"], int(body["max_tokens"]))
         tokens = [f"<|s_{i}|>" for i in range(count)]
         if not body.get("stream"):
@@ -281,7 +293,7 @@ class _ChatHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         for i in range(0, count, TOKENS_PER_EVENT):
-            time.sleep(EVENT_SECONDS)
+            time.sleep(self.server.event_seconds)
             delta = {"choices": [{"index": 0, "delta": {"content": "".join(tokens[i : i + 3])}}]}
             self.wfile.write(f"data: {json.dumps(delta)}\n\n".encode())
             self.wfile.flush()
@@ -295,10 +307,12 @@ class _ChatHandler(http.server.BaseHTTPRequestHandler):
 class _ChatServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, event_seconds: float, served_model: str) -> None:
         super().__init__(("127.0.0.1", port), _ChatHandler)
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
+        self.event_seconds = event_seconds
+        self.served_model = served_model
 
     def record(self, body: dict[str, Any]) -> None:
         with self.lock:
@@ -306,7 +320,7 @@ class _ChatServer(http.server.ThreadingHTTPServer):
 
 
 class LlmStandIn:
-    """One stand-in trtllm-serve per rendered LLM URL, each on a free port.
+    """One stand-in trtllm-serve (or vLLM server) per rendered LLM URL, each on a free port.
 
     ``remap`` maps each rendered URL (``http://localhost:8010/...``) to its stand-in; the
     tritonserver environment hands it to the orchestrator stand-in
@@ -314,9 +328,16 @@ class LlmStandIn:
     concurrent test runs do not fight over port 8010.
     """
 
-    def __init__(self, urls: list[str]) -> None:
+    def __init__(
+        self, urls: list[str], event_seconds: float = EVENT_SECONDS, served_model: str = ""
+    ) -> None:
+        """``event_seconds``: the pause before each streamed event of 3 tokens (the LLM's
+        speed); ``served_model``: answer only requests for this model name, as vLLM does
+        (empty: any name, as trtllm-serve)."""
         self.urls = urls
-        self.servers = [_ChatServer(port) for port in free_ports(len(urls))]
+        self.servers = [
+            _ChatServer(port, event_seconds, served_model) for port in free_ports(len(urls))
+        ]
         self.threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in self.servers]
 
     @property

@@ -475,8 +475,12 @@ def test_builder_args_cover_every_identity_field_by_name() -> None:
     """A new EngineIdentity field must reach the builder (or be the image)."""
     ident = identity()
     args = buildjob.builder_args(ident)
+    # The later fields are written only where not at their defaults (next tests).
+    later = {"kv_cache_type", "smooth_quant", "llm_runtime", "artifact"}
+    assert "--kv-cache-type" not in args and "--llm-runtime" not in args
+    assert not any(a.startswith("--smoothquant") for a in args)
     for f in dataclasses.fields(ident):
-        if f.name == "builder_image":
+        if f.name == "builder_image" or f.name in later:
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.name == "model_uri":
@@ -755,3 +759,74 @@ def test_cleanup_job_takes_account_pull_secrets_and_annotations_from_settings() 
 def test_cleanup_job_refuses_a_key_that_is_not_a_content_key(key: str) -> None:
     with pytest.raises(ValueError, match="40 lowercase hex"):
         _cleanup(key)
+
+
+# ---- the levers: KV cache, SmoothQuant, vLLM's plans and checkpoint ------------------------
+
+
+def test_builder_args_carry_the_kv_cache_and_smoothquant_options() -> None:
+    cli = pytest.importorskip("cosyvoice_engine_builder.cli")
+    svc = service(
+        engine={
+            "precision": "int8-smoothquant",
+            "kvCacheType": "int8",
+            "smoothQuant": {"alpha": 0.75, "perToken": True, "perChannel": False},
+        }
+    )
+    args = _container(_render(svc, arch="sm_90"))["args"]
+    assert _flag(args, "--precision") == "int8-smoothquant"
+    assert _flag(args, "--kv-cache-type") == "int8"
+    assert _flag(args, "--smoothquant-alpha") == "0.75"
+    assert "--smoothquant-per-token" in args and "--smoothquant-per-channel" not in args
+    parsed = cli.build_parser().parse_args(args)
+    request = cli._request(parsed)
+    assert request.kv_cache_type.value == "int8"
+    assert request.smooth_quant is not None
+    assert (request.smooth_quant.alpha, request.smooth_quant.per_token) == (0.75, True)
+    assert request.smooth_quant.per_channel is False
+
+
+def test_vllm_plans_job_builds_only_the_plans_on_one_gpu() -> None:
+    cli = pytest.importorskip("cosyvoice_engine_builder.cli")
+    svc = service(
+        model={"llmRuntime": "vllm"},
+        engine={"tensorParallelSize": 2, "gpuProducts": ["NVIDIA-H100-80GB-HBM3"]},
+        serving={"gpusPerReplica": 2},
+    )
+    plan = engine.plan(svc, [], "img:builder")
+    (target,) = plan.targets
+    job = buildjob.render_job(target, svc, "tts", 1, BuildSettings(), CACHE)
+    container = _container(job)
+    args = container["args"]
+    assert args[0] == "build"
+    assert _flag(args, "--llm-runtime") == "vllm"
+    assert "--precision" not in args and "--tensor-parallel-size" not in args
+    # The plans need one GPU of the architecture, whatever vLLM's tensor parallelism.
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    request = cli._request(cli.build_parser().parse_args(args))
+    assert request.artifact.value == "plans"
+
+
+def test_vllm_prefetch_job_needs_no_gpu_and_no_gpu_node() -> None:
+    cli = pytest.importorskip("cosyvoice_engine_builder.cli")
+    svc = service(
+        model={"llmRuntime": "vllm"},
+        engine={"gpuProducts": ["NVIDIA-L20", "NVIDIA-H100-80GB-HBM3"]},
+    )
+    plan = engine.plan(svc, [], "img:builder")
+    assert plan.checkpoint is not None
+    job = buildjob.render_job(plan.checkpoint, svc, "tts", 1, BuildSettings(), CACHE)
+    ident = plan.checkpoint.identity
+    assert job["metadata"]["name"] == f"cvs-engine-ckpt-{ident.key[:20]}-{CACHE.tag}-a1"
+    assert job["metadata"]["labels"]["tts.cosyvoice.dev/engine-key"] == ident.key
+    container = _container(job)
+    assert container["args"][0] == "prefetch"
+    assert "--gpu-arch" not in container["args"]
+    assert "nvidia.com/gpu" not in container["resources"]["requests"]
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    assert "affinity" not in _pod_spec(job)
+    request = cli._request(cli.build_parser().parse_args(container["args"]))
+    assert request.artifact.value == "checkpoint"
+    assert request.key == ident.key
+    identity_note = json.loads(job["metadata"]["annotations"]["tts.cosyvoice.dev/engine-identity"])
+    assert identity_note["artifact"] == "checkpoint" and identity_note["gpuArch"] == ""

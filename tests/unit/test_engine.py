@@ -11,7 +11,7 @@ import pytest
 
 from cosyvoice_operator import engine, gpus, spec
 from cosyvoice_operator.engine import EngineIdentity
-from tests.precision_cases import PRECISION_ARCH_CASES
+from tests.precision_cases import KV_CACHE_ARCH_CASES, PRECISION_ARCH_CASES
 
 from .objects import identity, node, raw_spec, service
 
@@ -110,6 +110,10 @@ CHANGES_KEY: list[tuple[str, dict[str, Any]]] = [
     ("max-batch-size", raw_spec(engine={"maxBatchSize": 32})),
     ("max-num-tokens", raw_spec(engine={"maxNumTokens": 16384})),
     ("builder-image", raw_spec(engine={"builderImage": "registry.local/builder:custom"})),
+    ("kv-cache-int8", raw_spec(engine={"kvCacheType": "int8"})),
+    ("kv-cache-fp8", raw_spec(engine={"kvCacheType": "fp8"})),
+    ("smoothquant", raw_spec(engine={"precision": "int8-smoothquant"})),
+    ("llm-runtime", raw_spec(model={"llmRuntime": "vllm"})),
 ]
 
 
@@ -148,6 +152,10 @@ def test_every_identity_field_enters_the_key() -> None:
         "max_num_tokens": 1024,
         "builder_image": "img:other",
         "gpu_arch": "sm_100",
+        "kv_cache_type": "int8",
+        "smooth_quant": "alpha=0.5,per_token,per_channel",
+        "llm_runtime": "vllm",
+        "artifact": "plans",
     }
     assert set(changed) == set(EngineIdentity.__dataclass_fields__)
     keys = {identity(**{name: value}).key for name, value in changed.items()}
@@ -209,6 +217,24 @@ KEEPS_KEY: list[tuple[str, dict[str, Any]]] = [
         ),
     ),
     ("autoscaling-prometheus", raw_spec(autoscaling={"prometheusUrl": "http://prom:9090"})),
+    (
+        "queue-policy",
+        raw_spec(
+            serving={
+                "queuePolicy": {
+                    "maxQueueSize": 8,
+                    "defaultTimeoutMicroseconds": 500000,
+                    "priorityPolicies": [{"priorityLevel": 1, "maxQueueSize": 2}],
+                }
+            }
+        ),
+    ),
+    (
+        "stream-chunking",
+        raw_spec(serving={"streamChunking": {"firstChunkTokens": 5, "hopGrowth": "equal"}}),
+    ),
+    ("kv-cache-auto-explicit", raw_spec(engine={"kvCacheType": "auto"})),
+    ("llm-runtime-default-explicit", raw_spec(model={"llmRuntime": "tensorrt-llm"})),
     (
         "autoscaling-schedules",
         raw_spec(
@@ -446,3 +472,178 @@ def test_the_operator_and_the_builder_agree_on_precision_support() -> None:
 
     builder = {p.value: sm for p, sm in request.PRECISION_MIN_SM.items()}
     assert builder == gpus.PRECISION_MIN_SM
+
+
+# ---- the levers of issue 14: KV cache, SmoothQuant, vLLM ---------------------------------
+
+
+def test_an_existing_spec_keeps_its_key_and_identity_record() -> None:
+    """The new identity fields stay out of the key and the recorded identity at their
+    defaults: engines built before they existed are found again, not rebuilt."""
+    s = service(model={"revision": "0123abcd"})
+    ident = engine.identity(s, "sm_89", DEFAULT_IMAGE)
+    assert ident == GOLDEN_IDENTITY
+    assert ident.key == GOLDEN_KEY
+    assert engine.identity_to_dict(ident) == {
+        "modelUri": "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
+        "revision": "0123abcd",
+        "variant": "cosyvoice3",
+        "precision": "bfloat16",
+        "tensorParallelSize": 1,
+        "maxBatchSize": 16,
+        "maxNumTokens": 32768,
+        "builderImage": DEFAULT_IMAGE,
+        "gpuArch": "sm_89",
+    }
+
+
+@pytest.mark.parametrize(
+    "ident",
+    [
+        GOLDEN_IDENTITY,
+        dataclasses.replace(GOLDEN_IDENTITY, kv_cache_type="fp8"),
+        dataclasses.replace(
+            GOLDEN_IDENTITY, precision="int8-smoothquant", smooth_quant="alpha=0.8,per_token"
+        ),
+    ],
+)
+def test_identity_dict_round_trips(ident: EngineIdentity) -> None:
+    assert engine.identity_from_dict(engine.identity_to_dict(ident)) == ident
+
+
+def test_fp8_engines_keep_their_key_with_kv_cache_fp8_spelled_out() -> None:
+    # An fp8 engine's KV cache is fp8 already: saying so is the same engine.
+    fp8 = raw_spec(engine={"precision": "fp8"})
+    assert _key(fp8) == _key(raw_spec(engine={"precision": "fp8", "kvCacheType": "fp8"}))
+
+
+def test_smoothquant_options_enter_the_key() -> None:
+    base = raw_spec(engine={"precision": "int8-smoothquant"})
+    explicit = raw_spec(
+        engine={
+            "precision": "int8-smoothquant",
+            "smoothQuant": {"alpha": 0.5, "perToken": True, "perChannel": True},
+        }
+    )
+    assert _key(base) == _key(explicit)  # the defaults spelled out
+    for change in ({"alpha": 0.8}, {"perToken": False}, {"perChannel": False}):
+        other = raw_spec(engine={"precision": "int8-smoothquant", "smoothQuant": change})
+        assert _key(other) != _key(base), change
+    ident = engine.identity(spec.parse(base), "sm_90", DEFAULT_IMAGE)
+    assert ident.smooth_quant == "alpha=0.5,per_token,per_channel"
+
+
+def test_vllm_plans_are_per_architecture_and_ignore_llm_settings() -> None:
+    vllm = raw_spec(model={"llmRuntime": "vllm"})
+    assert _key(vllm, "sm_89") != _key(vllm, "sm_90")
+    # vLLM's dtype, KV cache, parallelism and limits are server flags: no rebuild.
+    for engine_change in (
+        {"precision": "float16"},
+        {"kvCacheType": "fp8"},
+        {"maxBatchSize": 64, "maxNumTokens": 4096},
+    ):
+        assert _key(raw_spec(model={"llmRuntime": "vllm"}, engine=engine_change)) == _key(vllm)
+    ident = engine.identity(spec.parse(vllm), "sm_90", DEFAULT_IMAGE)
+    assert (ident.artifact, ident.llm_runtime, ident.precision) == ("plans", "vllm", "none")
+    assert not ident.has_llm_engine
+
+
+def test_vllm_plan_has_one_architecture_free_checkpoint() -> None:
+    s = service(
+        model={"llmRuntime": "vllm"},
+        engine={"gpuProducts": ["NVIDIA-L20", "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"]},
+    )
+    p = engine.plan(s, [], DEFAULT_IMAGE)
+    assert _targets(p) == {
+        "sm_80": {"NVIDIA-A100-SXM4-80GB"},
+        "sm_89": {"NVIDIA-L20"},
+        "sm_90": {"NVIDIA-H100-80GB-HBM3"},
+    }
+    assert p.checkpoint is not None
+    ckpt = p.checkpoint.identity
+    assert (ckpt.artifact, ckpt.gpu_arch) == ("checkpoint", "")
+    assert ckpt.short_name == f"ckpt-{ckpt.key[:20]}"
+    assert set(p.checkpoint.products) == {
+        "NVIDIA-L20",
+        "NVIDIA-H100-80GB-HBM3",
+        "NVIDIA-A100-SXM4-80GB",
+    }
+    assert p.builds == (*p.targets, p.checkpoint)
+    # The same checkpoint whatever the products: a new GPU type fetches nothing again.
+    only_l20 = engine.plan(
+        service(model={"llmRuntime": "vllm"}, engine={"gpuProducts": ["NVIDIA-L20"]}),
+        [],
+        DEFAULT_IMAGE,
+    )
+    assert only_l20.checkpoint is not None and only_l20.checkpoint.key == p.checkpoint.key
+    # No checkpoint without vLLM, and none while no architecture is served.
+    assert (
+        engine.plan(service(engine={"gpuProducts": ["NVIDIA-L20"]}), [], DEFAULT_IMAGE).checkpoint
+        is None
+    )
+    assert engine.plan(service(model={"llmRuntime": "vllm"}), [], DEFAULT_IMAGE).checkpoint is None
+
+
+def test_checkpoint_key_follows_the_release_not_vllm_settings() -> None:
+    def ckpt(**sections: Any) -> str:
+        ident = engine.checkpoint_identity(service(**sections), DEFAULT_IMAGE)
+        assert ident is not None
+        return ident.key
+
+    base = ckpt(model={"llmRuntime": "vllm"})
+    assert ckpt(model={"llmRuntime": "vllm", "revision": "abc"}) != base
+    assert ckpt(model={"llmRuntime": "vllm", "variant": "cosyvoice2"}) != base
+    assert ckpt(model={"llmRuntime": "vllm"}, engine={"precision": "float16"}) == base
+    assert (
+        ckpt(
+            model={"llmRuntime": "vllm"},
+            engine={"tensorParallelSize": 2},
+            serving={"gpusPerReplica": 2},
+        )
+        == base
+    )
+
+
+@pytest.mark.parametrize(("kv", "arch", "ok"), KV_CACHE_ARCH_CASES)
+def test_kv_cache_support_by_architecture(kv: str, arch: str, ok: bool) -> None:
+    assert (gpus.kv_cache_unsupported(kv, arch) is None) is ok
+
+
+def test_plan_refuses_fp8_kv_cache_where_the_architecture_cannot_run_it() -> None:
+    s = service(
+        engine={"kvCacheType": "fp8", "gpuProducts": ["NVIDIA-A100-SXM4-80GB", "NVIDIA-L20"]}
+    )
+    p = engine.plan(s, [], DEFAULT_IMAGE)
+    assert _targets(p) == {"sm_89": {"NVIDIA-L20"}}
+    (rejected,) = p.rejected
+    assert (rejected.product, rejected.arch, rejected.reason) == (
+        "NVIDIA-A100-SXM4-80GB",
+        "sm_80",
+        "KVCacheUnsupported",
+    )
+    assert "spec.engine.kvCacheType fp8 needs sm_89 or newer" in rejected.message
+    assert "spec.engine.gpuProducts" in rejected.message
+
+
+def test_plan_builds_smoothquant_from_ampere_on() -> None:
+    p = engine.plan(
+        service(
+            engine={
+                "precision": "int8-smoothquant",
+                "kvCacheType": "int8",
+                "gpuProducts": ["NVIDIA-A100-SXM4-80GB", "NVIDIA-L4"],
+            }
+        ),
+        [],
+        DEFAULT_IMAGE,
+    )
+    assert _targets(p) == {"sm_80": {"NVIDIA-A100-SXM4-80GB"}, "sm_89": {"NVIDIA-L4"}}
+    assert p.rejected == ()
+    assert {t.identity.kv_cache_type for t in p.targets} == {"int8"}
+
+
+def test_the_operator_and_the_builder_agree_on_kv_cache_support() -> None:
+    from cosyvoice_engine_builder import request
+
+    builder = {k.value: sm for k, sm in request.KV_CACHE_MIN_SM.items()}
+    assert builder == gpus.KV_CACHE_MIN_SM

@@ -4,7 +4,8 @@ The same interface and the same work through BLS as upstream's: the reference au
 ``audio_tokenizer`` and ``speaker_embedding`` (or a built-in speaker without one), the prompt
 through ``tensorrt_llm`` (streamed when decoupled), and the speech tokens through ``token2wav``
 in chunks with upstream's schedule: the first after 15 + 3 look-ahead tokens, then hops of
-25 x 2^k tokens, the rest with ``finalize``; every chunk carries the request's id. Decoupled,
+25 x 2^k tokens, the rest with ``finalize``; every chunk carries the request's id. The
+schedule follows the orchestrator's parameters as rendered (:class:`Chunking`). Decoupled,
 it sends each chunk as a response as soon as it has it and ends with the final flag; otherwise
 it answers once with the whole audio.
 
@@ -64,12 +65,33 @@ class Pace:
             time.sleep(left)
 
 
+class Chunking:
+    """The chunk schedule from the orchestrator's parameters, as the operator renders them:
+    ``token_hop_len`` (the first chunk's tokens; upstream's 15 when absent) and
+    ``dynamic_chunk_strategy``: ``exponential`` (later hops 25 x 2^k), ``equal`` (every hop
+    the first's). ``time_based`` sizes hops from measured synthesis speed upstream; on a CPU
+    twin that speed means nothing, so the stand-in follows ``exponential`` for it.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.first = int(params.get("token_hop_len") or FIRST_HOP_TOKENS)
+        self.strategy = params.get("dynamic_chunk_strategy") or "exponential"
+
+    def next_hop(self, index: int) -> int:
+        """The hop after chunk ``index`` (0 for the first)."""
+        if self.strategy == "equal":
+            return self.first
+        return int(TOKEN_RATE * 2**index)  # upstream's "exponential" strategy
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.host = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
         self.pace = Pace()
+        self.chunks = Chunking(config)
 
     def _request(self, model: str, inputs: dict[str, Any], outputs: list[str], **kw: Any) -> Any:
         return pb_utils.InferenceRequest(
@@ -180,14 +202,14 @@ class TritonPythonModel:
 
         prompt = self._prompt(request)
         tokens: list[int] = []
-        offset, hop, chunk = 0, FIRST_HOP_TOKENS, 0
+        offset, hop, chunk = 0, self.chunks.first, 0
         for new in self._llm(prompt[0] + self._target(request), prompt[1]):
             tokens += new
             while len(tokens) - offset >= hop + LOOKAHEAD_TOKENS:
                 window = tokens[: offset + hop + LOOKAHEAD_TOKENS]
                 send(self._token2wav(window, request_id, prompt, offset, False))
                 offset += hop
-                hop = TOKEN_RATE * 2**chunk  # upstream's "exponential" strategy
+                hop = self.chunks.next_hop(chunk)
                 chunk += 1
         last = self._token2wav(tokens, request_id, prompt, offset, True)
         if sent:  # the last audio comes at the end of the service time

@@ -4,9 +4,10 @@ The same interface and the same work as upstream's: the reference audio through
 ``audio_tokenizer`` and ``speaker_embedding`` (BLS), the LLM over HTTP as an OpenAI
 chat-completions call to trtllm-serve (``stream: true`` when decoupled; speech tokens come as
 ``<|s_N|>`` in the content), then per chunk (15 + 3 look-ahead tokens, then hops of
-25 x 2^k) ``token2wav`` for the chunk's mel, sent with upstream's priority (chunk index + 1)
-and the request's id, and ``vocoder`` for the audio of all the mel so far, of which it sends
-the part not sent yet; the rest with ``finalize``, then the final flag.
+25 x 2^k, or as the rendered parameters say: :class:`Chunking`) ``token2wav`` for the
+chunk's mel, sent with upstream's priority (chunk index + 1) and the request's id, and
+``vocoder`` for the audio of all the mel so far, of which it sends the part not sent yet;
+the rest with ``finalize``, then the final flag.
 
 Ours, as the operator renders it: ``llm_api_bases`` lists one trtllm-serve per
 tensor-parallel group and requests go round-robin over them, each instance starting at its
@@ -69,6 +70,26 @@ class Pace:
             time.sleep(left)
 
 
+class Chunking:
+    """The chunk schedule from the orchestrator's parameters, as the operator renders them:
+    ``token_hop_len`` (the first chunk's tokens; upstream's 15 when absent) and
+    ``dynamic_chunk_strategy``: ``exponential`` (later hops 25 x 2^k), ``equal`` (every hop
+    the first's). ``time_based`` sizes hops from measured synthesis speed upstream; on a CPU
+    twin that speed means nothing, so the stand-in follows ``exponential`` for it.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.first = int(params.get("token_hop_len") or FIRST_HOP_TOKENS)
+        self.strategy = params.get("dynamic_chunk_strategy") or "exponential"
+
+    def next_hop(self, index: int) -> int:
+        """The hop after chunk ``index`` (0 for the first)."""
+        if self.strategy == "equal":
+            return self.first
+        return int(TOKEN_RATE * 2**index)  # upstream's "exponential" strategy
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
@@ -83,6 +104,10 @@ class TritonPythonModel:
         instance = re.search(r"(\d+)$", args.get("model_instance_name", ""))
         self.turn = itertools.count(int(instance.group(1)) if instance else 0)
         self.pace = Pace()
+        self.chunks = Chunking(config)
+        # vLLM answers only for the name it serves (llm_served_model_name, rendered with
+        # spec.model.llmRuntime vllm); trtllm-serve takes any.
+        self.model_name = params.get("llm_served_model_name", "cosyvoice")
 
     def _call(self, model: str, inputs: dict[str, Any], output: str, **kw: Any) -> Any:
         response = pb_utils.InferenceRequest(
@@ -122,7 +147,7 @@ class TritonPythonModel:
         """Speech tokens from trtllm-serve, as they arrive."""
         prompt = "".join(f"<|s_{int(t)}|>" for t in prompt_tokens.reshape(-1))
         body = {
-            "model": "cosyvoice",
+            "model": self.model_name,
             "messages": [
                 {"role": "user", "content": text},
                 {"role": "assistant", "content": prompt},
@@ -208,13 +233,13 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", new)]))
 
         tokens: list[int] = []
-        offset, hop, index = 0, FIRST_HOP_TOKENS, 0
+        offset, hop, index = 0, self.chunks.first, 0
         for token in self._llm(prompt[0] + target.reshape(-1)[0].decode("utf-8"), prompt[1]):
             tokens.append(token)
             if len(tokens) - offset >= hop + LOOKAHEAD_TOKENS:
                 chunk(tokens[: offset + hop + LOOKAHEAD_TOKENS], offset, False, index)
                 offset += hop
-                hop = TOKEN_RATE * 2**index  # upstream's "exponential" strategy
+                hop = self.chunks.next_hop(index)
                 index += 1
         if tokens:
             chunk(tokens, offset, True, index)

@@ -1,0 +1,352 @@
+"""The article's serving levers in the real ``tritonserver`` (CPU twin): the queue policy the
+operator renders sheds what waits too long with Triton's documented error, a smaller first
+chunk reaches the client sooner, and a vLLM service's repository streams through an LLM
+server that, like vLLM, answers only for the model name it serves.
+
+Each test prints what it measured (``pytest -s`` shows it); the README's lever table quotes
+these numbers. They are CPU-twin numbers: they show the mechanism, not GPU latencies.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from cosyvoice_operator import spec, triton
+
+from . import cpu_twin
+from .test_twin import (
+    LOOKAHEAD,
+    SAMPLES_PER_TOKEN,
+    TOKEN_RATE,
+    URIS,
+    Twin,
+    check_loaded_as_rendered,
+    request_inputs,
+    run_stream,
+    speech_tokens,
+    tone,
+)
+
+ENGINE_DIR = "/engines/" + "e" * 40
+CHECKPOINT_DIR = "/engines/" + "c" * 40
+# Triton's words (core's scheduler), which the README and the CRD quote.
+TIMEOUT_ERROR = "Request timeout expired"
+QUEUE_FULL_ERROR = "Exceeds maximum queue size"
+
+
+def service(variant: str, **sections: Any) -> spec.ServiceSpec:
+    model = {"variant": variant, "uri": URIS[variant], **sections.pop("model", {})}
+    return spec.parse({"model": model, **sections})
+
+
+# An engine of 4 sequences: CosyVoice2's orchestrator then gets upstream's 4 instances of one
+# GPU (one per LLM slot, never fewer than 4), few enough to overload on purpose.
+SMALL_ENGINE = {"maxBatchSize": 4}
+SMALL_BATCHES = {"preferredBatchSizes": [4]}
+
+
+@contextmanager
+def twin_of(
+    svc: spec.ServiceSpec,
+    work: Path,
+    env: dict[str, str] | None = None,
+    event_seconds: float = cpu_twin.EVENT_SECONDS,
+    served_model: str = "",
+) -> Iterator[Twin]:
+    checkpoint = CHECKPOINT_DIR if svc.model.llm_runtime == "vllm" else ""
+    rendered = triton.render_repository(svc, ENGINE_DIR, checkpoint)
+    repository = cpu_twin.write_repository(cpu_twin.to_cpu(rendered), work / "models")
+    urls = triton.llm_urls(svc)
+    with (
+        cpu_twin.LlmStandIn(urls, event_seconds, served_model) as llm,
+        cpu_twin.running(
+            cpu_twin.TritonServer(repository, work, env={**llm.env, **(env or {})})
+        ) as server,
+    ):
+        yield Twin(server, rendered, llm if urls else None)
+
+
+@dataclass
+class Outcome:
+    request_id: str
+    seconds: float
+    error: str
+
+
+def concurrent_streams(twin: Twin, model: str, count: int, then: float = 0.0) -> list[Outcome]:
+    """``count`` single-request streams, the first ``INSTANCES`` at once and the others
+    ``then`` seconds later (once the first hold every instance); how each ended, and when."""
+
+    def one(i: int) -> Outcome:
+        request_id = f"load-{i}-{uuid.uuid4().hex[:6]}"
+        if i >= INSTANCES:
+            time.sleep(then)
+        start = time.monotonic()
+        stream = run_stream(twin.server.grpc, model, {request_id: f"Overload sentence {i}."})
+        return Outcome(request_id, time.monotonic() - start, "; ".join(stream.errors))
+
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        return list(pool.map(one, range(count)))
+
+
+def failures(text: str, model: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("nv_inference_request_failure{") and f'model="{model}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+# ---- queue policy --------------------------------------------------------------------------
+
+# CosyVoice2 on one GPU: 4 orchestrator instances, each holding a stream for its whole
+# synthesis; the twin's service time makes every stream take this long.
+SERVICE_SECONDS = 2.0
+INSTANCES = 4
+
+
+@pytest.mark.timeout(300)
+def test_a_request_past_the_queue_timeout_gets_tritons_timeout_error(tmp_path: Path) -> None:
+    svc = service(
+        "cosyvoice2",
+        engine=SMALL_ENGINE,
+        serving={
+            "queuePolicy": {"defaultTimeoutMicroseconds": 300_000, "timeoutAction": "Reject"},
+            "dynamicBatching": SMALL_BATCHES,
+        },
+    )
+    assert triton.orchestrator_instances(svc) == INSTANCES
+    env = {"COSYVOICE_TWIN_SERVICE_SECONDS": str(SERVICE_SECONDS)}
+    with twin_of(svc, tmp_path, env) as twin:
+        check_loaded_as_rendered(twin)
+        loaded = twin.server.model_config("cosyvoice2")["dynamic_batching"]
+        assert loaded["default_queue_policy"]["timeout_action"] == "REJECT"
+        assert int(loaded["default_queue_policy"]["default_timeout_microseconds"]) == 300_000
+        outcomes = concurrent_streams(twin, "cosyvoice2", INSTANCES + 2)
+        served = [o for o in outcomes if not o.error]
+        shed = [o for o in outcomes if o.error]
+        print(
+            "\n[twin] queue timeout 300 ms, service 2.0 s, 4 instances, 6 streams: "
+            f"served {len(served)} in {[round(o.seconds, 2) for o in served]} s; "
+            f"shed {len(shed)} after {[round(o.seconds, 2) for o in shed]} s: "
+            f"{shed[0].error if shed else ''}"
+        )
+        assert len(served) == INSTANCES, [o.error for o in outcomes]
+        assert len(shed) == 2
+        for outcome in shed:
+            assert TIMEOUT_ERROR in outcome.error, outcome.error
+            # Shed, not served late: answered before a whole service time had passed again.
+            assert outcome.seconds < 2 * SERVICE_SECONDS, outcome
+        deadline = time.monotonic() + 10
+        while failures(twin.server.metrics(), "cosyvoice2") < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert failures(twin.server.metrics(), "cosyvoice2") == 2
+
+
+@pytest.mark.timeout(300)
+def test_a_full_queue_refuses_at_once_and_priorities_get_their_own_policy(
+    tmp_path: Path,
+) -> None:
+    svc = service(
+        "cosyvoice2",
+        engine=SMALL_ENGINE,
+        serving={
+            "queuePolicy": {
+                "maxQueueSize": 1,
+                # Priority 1 (the highest) may queue deeper: the operator's per-level policy.
+                "priorityPolicies": [{"priorityLevel": 1, "maxQueueSize": 8}],
+            },
+            "dynamicBatching": SMALL_BATCHES,
+        },
+    )
+    assert triton.orchestrator_instances(svc) == INSTANCES
+    env = {"COSYVOICE_TWIN_SERVICE_SECONDS": str(SERVICE_SECONDS)}
+    with twin_of(svc, tmp_path, env) as twin:
+        loaded = twin.server.model_config("cosyvoice2")["dynamic_batching"]
+        assert int(loaded["priority_levels"]) == 2
+        assert int(loaded["priority_queue_policy"]["1"]["max_queue_size"]) == 8
+        outcomes = concurrent_streams(twin, "cosyvoice2", INSTANCES + 2, then=0.5)
+        shed = [o for o in outcomes if o.error]
+        print(
+            "\n[twin] max queue size 1, service 2.0 s, 4 instances, 6 streams: "
+            f"{len(outcomes) - len(shed)} served, {len(shed)} refused after "
+            f"{[round(o.seconds, 3) for o in shed]} s: {shed[0].error if shed else ''}"
+        )
+        # 4 run, 1 waits, 1 is refused as it arrives.
+        assert len(shed) == 1, [o.error for o in outcomes]
+        assert QUEUE_FULL_ERROR in shed[0].error
+        assert shed[0].seconds < SERVICE_SECONDS / 2
+
+        # With the highest priority the same overload queues instead of being refused.
+        def urgent(i: int) -> str:
+            client = grpcclient.InferenceServerClient(twin.server.grpc)
+            errors: list[str] = []
+            done = threading.Event()
+
+            def callback(result: Any, error: Any) -> None:
+                if error is not None:
+                    errors.append(str(error))
+                    done.set()
+                elif result.get_response().parameters["triton_final_response"].bool_param:
+                    done.set()
+
+            try:
+                client.start_stream(callback=callback)
+                client.async_stream_infer(
+                    "cosyvoice2",
+                    request_inputs(f"Urgent sentence {i}."),
+                    request_id=f"urgent-{i}-{uuid.uuid4().hex[:6]}",
+                    priority=1,
+                    enable_empty_final_response=True,
+                )
+                assert done.wait(60), "no final response"
+                client.stop_stream()
+            finally:
+                client.close()
+            return "; ".join(errors)
+
+        with concurrent.futures.ThreadPoolExecutor(INSTANCES + 2) as pool:
+            errors = list(pool.map(urgent, range(INSTANCES + 2)))
+        assert errors == [""] * (INSTANCES + 2), errors
+
+
+# ---- stream chunking -----------------------------------------------------------------------
+
+# The stand-in LLM's speed for this test: 3 speech tokens per event, one event every 60 ms
+# (50 tokens/s, twice real time for 25 Hz speech tokens), so the first chunk waits for its
+# tokens as it does on a GPU.
+EVENT_SECONDS = 0.06
+SAMPLES = 5
+
+
+def expected_chunks(tokens: int, first: int, strategy: str) -> int:
+    offset, hop, chunks = 0, first, 0
+    while tokens - offset >= hop + LOOKAHEAD:
+        offset += hop
+        hop = first if strategy == "equal" else TOKEN_RATE * 2**chunks
+        chunks += 1
+    return chunks + 1
+
+
+@dataclass
+class Timed:
+    """One stream: when each audio chunk arrived (seconds after sending) and what it held."""
+
+    arrivals: list[float]
+    chunks: list[Any]
+    errors: list[str]
+
+
+def timed_stream(url: str, model: str, target: str) -> Timed:
+    timed = Timed([], [], [])
+    done = threading.Event()
+    start = time.monotonic()
+
+    def callback(result: Any, error: Any) -> None:
+        if error is not None:
+            timed.errors.append(str(error))
+            done.set()
+            return
+        audio = result.as_numpy("waveform")
+        if audio is not None and audio.size:
+            timed.arrivals.append(time.monotonic() - start)
+            timed.chunks.append(audio.reshape(-1))
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            done.set()
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.start_stream(callback=callback)
+        start = time.monotonic()
+        client.async_stream_infer(
+            model,
+            request_inputs(target),
+            request_id=f"chunk-{uuid.uuid4().hex[:8]}",
+            enable_empty_final_response=True,
+        )
+        if not done.wait(60):
+            timed.errors.append("no final response after 60s")
+        client.stop_stream()
+    finally:
+        client.close()
+    return timed
+
+
+def first_audio_seconds(twin: Twin, first: int, strategy: str) -> list[float]:
+    """Time to the first audio chunk of ``SAMPLES`` requests sent one after the other,
+    each checked complete and in order against the rendered schedule."""
+    model = triton.orchestrator(next(iter(twin.rendered)))
+    times: list[float] = []
+    # One more than measured: the first request of a fresh server warms its instances up.
+    for i in range(SAMPLES + 1):
+        target = f"Sample sentence number {i} for the first chunk."
+        timed = timed_stream(twin.server.grpc, model, target)
+        assert not timed.errors, f"{timed.errors}\n{twin.server.log_tail()}"
+        tokens = speech_tokens("cosyvoice3", target)
+        assert len(timed.chunks) == expected_chunks(tokens, first, strategy)
+        audio = np.concatenate(timed.chunks)
+        assert audio.shape == (tokens * SAMPLES_PER_TOKEN,)
+        np.testing.assert_allclose(audio, tone(audio.size), atol=1e-5)
+        times.append(timed.arrivals[0])
+    return times[1:]
+
+
+@pytest.mark.timeout(400)
+def test_a_smaller_first_chunk_arrives_earlier(tmp_path: Path) -> None:
+    measured: dict[int, list[float]] = {}
+    for first, strategy in ((15, "exponential"), (5, "equal")):
+        svc = service(
+            "cosyvoice3",
+            serving={"streamChunking": {"firstChunkTokens": first, "hopGrowth": strategy}},
+        )
+        with twin_of(svc, tmp_path / f"first-{first}", event_seconds=EVENT_SECONDS) as twin:
+            check_loaded_as_rendered(twin)
+            measured[first] = first_audio_seconds(twin, first, strategy)
+    upstream, small = statistics.median(measured[15]), statistics.median(measured[5])
+    print(
+        f"\n[twin] first audio, LLM at 50 tokens/s: firstChunkTokens 15 (upstream) median "
+        f"{upstream * 1000:.0f} ms {[round(t * 1000) for t in measured[15]]}; "
+        f"firstChunkTokens 5 median {small * 1000:.0f} ms {[round(t * 1000) for t in measured[5]]}"
+    )
+    # 18 tokens (6 events) against 8 (3 events) at 60 ms an event: ~180 ms apart.
+    assert small < upstream - 0.08, measured
+    assert max(measured[5]) < upstream, measured
+
+
+# ---- vLLM ----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_a_vllm_service_streams_through_servers_that_check_the_model_name(
+    tmp_path: Path,
+) -> None:
+    """CosyVoice3 on vLLM, two GPUs, tensor parallelism 1: two vLLM URLs that refuse any
+    other model name; every stream completes, and both servers are used. (The twin cannot
+    run vLLM itself: this checks the repository, the URLs and the name, not vLLM.)"""
+    svc = service("cosyvoice3", model={"llmRuntime": "vllm"}, serving={"gpusPerReplica": 2})
+    with twin_of(svc, tmp_path, served_model=triton.VLLM_SERVED_MODEL_NAME) as twin:
+        check_loaded_as_rendered(twin)
+        assert twin.llm is not None and len(twin.llm.urls) == 2
+        targets = {f"vllm-{i}-{uuid.uuid4().hex[:6]}": f"Sentence {i} via vLLM." for i in range(4)}
+        stream = run_stream(twin.server.grpc, "cosyvoice3", targets)
+        assert not stream.errors, f"{stream.errors}\n{twin.server.log_tail()}"
+        for request_id, target in targets.items():
+            audio = np.concatenate(stream.chunks[request_id])
+            assert audio.shape == (speech_tokens("cosyvoice3", target) * SAMPLES_PER_TOKEN,)
+        per_server = twin.llm.requests_per_server()
+        assert sum(per_server) == len(targets) and min(per_server) > 0, per_server
+        bodies = [r for server in twin.llm.servers for r in server.requests]
+        assert {b["model"] for b in bodies} == {triton.VLLM_SERVED_MODEL_NAME}
