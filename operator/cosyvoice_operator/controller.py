@@ -443,6 +443,9 @@ class Controller:
 
     def _on_job(self, old: Obj | None, new: Obj | None) -> None:
         self.world.job_changed(old, new)
+        finished = operator_metrics.build_finished(old, new)
+        if finished is not None:
+            operator_metrics.record_build_finished(*finished)
         obj = new or old
         assert obj is not None
         self._wake_engine(obj)
@@ -652,6 +655,7 @@ class Controller:
                 self.queue.add(key)
                 continue
             self.busy_since[number] = (time.monotonic(), key)
+            outcome = "error"
             try:
                 if key[0] == "svc":
                     requeue = await self._reconcile(key)
@@ -660,18 +664,23 @@ class Controller:
                 else:
                     requeue = await self._cleanup(key[1])
             except asyncio.CancelledError:
+                outcome = ""  # stopped midway: not a pass
                 raise
             except Backoff:
+                outcome = "retry"
                 self.queue.add_rate_limited(key)
             except Exception:
                 delay = self.queue.add_rate_limited(key)
                 log.exception("reconciling %s %s/%s failed; again in %.1fs", *key, delay)
             else:
+                outcome = "success"
                 self.queue.forget(key)
                 if requeue is not None:
                     self.queue.add_after(key, requeue)
             finally:
-                self.busy_since.pop(number, None)
+                since, _ = self.busy_since.pop(number, (time.monotonic(), key))
+                if outcome:
+                    operator_metrics.record_pass(key[0], outcome, time.monotonic() - since)
                 self.queue.done(key)
                 self.passes += 1
 
@@ -683,6 +692,7 @@ class Controller:
         if body is None or body["metadata"].get("deletionTimestamp"):
             self._set_wants(key, frozenset())
             self.served.pop(key, None)
+            operator_metrics.forget_service(namespace, name)
             return None
         policy = self.settings.policy
         step = lifecycle.reconcile_service(body, self.world, self.clock(), policy)
@@ -697,6 +707,8 @@ class Controller:
                 continue
             if made:
                 log.info("%s/%s: created %s %s", namespace, name, create.body["kind"], create.name)
+                if create.body["kind"] == "Job":
+                    operator_metrics.record_build_started()
         for effect in step.workloads:
             try:
                 await self._carry_out(namespace, effect)
@@ -723,6 +735,10 @@ class Controller:
                 raise Backoff
             for event in step.events:
                 await self._post(body, event)
+        status = body.get("status") or {}
+        operator_metrics.record_engines(
+            namespace, name, {**status, **step.status.changes} if step.status else status
+        )
         if refused:
             raise Backoff
         return step.requeue_after
@@ -801,6 +817,15 @@ class Controller:
             svc,
             [h for h in self.autoscalers if h["metadata"].get("namespace") == namespace],
             names,
+        )
+        a = svc.autoscaling
+        operator_metrics.record_autoscaling_spec(
+            namespace,
+            name,
+            a.target_queue_latency_milliseconds,
+            a.min_replicas,
+            a.max_replicas,
+            len(found),
         )
         generation = int(body["metadata"].get("generation") or 0)
         changes, events = autoscaler.status_update(

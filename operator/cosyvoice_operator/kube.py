@@ -18,6 +18,7 @@ import datetime as dt
 import json
 import logging
 import socket
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from typing import Any
 
 import aiohttp
 from kubernetes.aio import client, config
+
+from . import operator_metrics
 
 log = logging.getLogger(__name__)
 COMPONENT = "cosyvoice-operator"
@@ -197,9 +200,11 @@ class Kube:
             headers, query_params, ["BearerToken"], path, verb, body
         )
         resource = resource_of(path)
-        self.requests[(verb if not (query or {}).get("watch") else "WATCH", resource)] += 1
+        counted = verb if not (query or {}).get("watch") else "WATCH"
+        self.requests[(counted, resource)] += 1
         if isinstance(limit, (int, float)):
             limit = aiohttp.ClientTimeout(total=limit)
+        started = time.monotonic()
         try:
             response = await self.api.rest_client.request(
                 verb,
@@ -209,7 +214,11 @@ class Kube:
                 _request_timeout=limit,
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            operator_metrics.record_request(counted, resource, 0, time.monotonic() - started)
             raise KubeError(0, type(exc).__name__, str(exc), verb, path) from None
+        operator_metrics.record_request(
+            counted, resource, response.response.status, time.monotonic() - started
+        )
         return response.response
 
     async def request(

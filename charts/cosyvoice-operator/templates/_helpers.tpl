@@ -182,3 +182,23 @@ informers, so there is no `get` anywhere, and it reads no Secret at all.
   verbs: ["list", "watch", "patch"]
 {{- end }}
 {{- end }}
+
+{{/* Whether the operator serves its metrics: asked for, or needed by the ServiceMonitor. */}}
+{{- define "cosyvoice-operator.metricsEnabled" -}}
+{{- if or .Values.metrics.enabled .Values.monitoring.serviceMonitor.enabled }}true{{ end }}
+{{- end }}
+
+{{- define "cosyvoice-operator.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "cosyvoice-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of the metrics Service, and what the ServiceMonitor selects it by. */}}
+{{- define "cosyvoice-operator.metricsSelectorLabels" -}}
+{{ include "cosyvoice-operator.selectorLabels" . }}
+app.kubernetes.io/component: operator-metrics
+{{- end }}
+
+{{/* `job` of the operator's scrape target (the ServiceMonitor's: the Service's name). */}}
+{{- define "cosyvoice-operator.operatorJob" -}}
+{{- default (include "cosyvoice-operator.metricsServiceName" .) .Values.monitoring.prometheusRule.operatorJob }}
+{{- end }}

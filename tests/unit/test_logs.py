@@ -1,0 +1,65 @@
+"""The operator's log lines: JSON on request, and never a credential whatever the format."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+
+from cosyvoice_operator import logs
+
+
+@pytest.mark.parametrize(
+    ("line", "secret"),
+    [
+        ("Prometheus at http://ops:hunter2pass@prom:9090 unreachable", "hunter2pass"),
+        ("GET https://u:p%40ss@host/api failed", "p%40ss"),
+        (
+            "header Authorization: Bearer eyJhbGciOiJSUzI1NiIsImtpZCI6",
+            "eyJhbGciOiJSUzI1NiIsImtpZCI6",
+        ),
+        ("refused: token=ghp_abcdef0123456789 in the query", "ghp_abcdef0123456789"),
+        ('settings {"password": "s3cret-value", "user": "x"}', "s3cret-value"),
+        ("AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG", "wJalrXUtnFEMI/K7MDENG"),
+    ],
+)
+def test_credentials_are_redacted(line: str, secret: str) -> None:
+    clean = logs.redact(line)
+    assert secret not in clean and "***" in clean
+
+
+def test_ordinary_lines_are_left_alone() -> None:
+    for line in (
+        "ns/tts: created Job cvs-engine-sm89-deefb7bb4469955f5771-ddd2c7-a1",
+        "Prometheus at http://prometheus.monitoring:9090 unreachable: [Errno 111]",
+        "scaling up 1 -> 2: queue latency 121.8 ms against a 20 ms target",
+        "engine key tokens=32768",
+    ):
+        assert logs.redact(line) == line
+
+
+def test_json_format_and_redaction_on_every_handler() -> None:
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    try:
+        logs.configure("json")
+        stream = io.StringIO()
+        # kopf's own handler (pytest's capture handlers are stream handlers too).
+        [kopf_handler] = [h for h in root.handlers if type(h).__module__.startswith("kopf")]
+        assert isinstance(kopf_handler, logging.StreamHandler)
+        kopf_handler.setStream(stream)
+        log = logging.getLogger("cosyvoice_operator.test")
+        log.warning("Prometheus at %s: %s", "http://a:topsecret1@p:9090", "refused")
+        try:
+            raise RuntimeError("connect to https://b:topsecret2@api failed")
+        except RuntimeError:
+            log.exception("pass failed")
+        lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
+        assert lines[0]["message"] == "Prometheus at http://***@p:9090: refused"
+        assert lines[0]["severity"] == "warn" and "timestamp" in lines[0]
+        assert "topsecret" not in stream.getvalue()
+        assert "RuntimeError" in lines[1].get("exc_info", "")
+    finally:
+        root.handlers[:], root.level = saved
