@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the operator, its tests and the local cluster need on a fresh machine:
-# a virtualenv with the package (editable) and its test tools, Debian's Prometheus,
+# a virtualenv with the package (editable) and its test tools, Debian's Prometheus and CPU torch,
 # and the control-plane binaries (built once from the Go module proxy into ~/.cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,18 +17,18 @@ echo "== installing cosyvoice-operator[test] (editable)" >&2
 # The tests start their own Prometheus on loopback: only the binary is wanted, not the
 # package's system service (policy-rc.d keeps it from starting; node-exporter, a
 # recommendation, would bind :9100, hence --no-install-recommends).
-install_prometheus() {
+apt_install() {  # Debian packages, as root (or through sudo -n); services stay off
   local sudo=()
   if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
       sudo=(sudo -n)
     else
-      echo "error: the tests need Prometheus; install it as root: apt-get install -y --no-install-recommends prometheus" >&2
+      echo "error: the tests need these Debian packages; install them as root: apt-get install -y --no-install-recommends $*" >&2
       return 1
     fi
   fi
   command -v apt-get >/dev/null || {
-    echo "error: the tests need the prometheus binary on PATH (Debian's package: apt-get install prometheus)" >&2
+    echo "error: the tests need Debian's packages $* (apt-get not found)" >&2
     return 1
   }
   "${sudo[@]}" sh -ec '
@@ -38,13 +38,23 @@ install_prometheus() {
       trap "rm -f $policy" EXIT
     fi
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
     if [ -d /run/systemd/system ]; then systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
-  '
+  ' apt_install "$@"
 }
-if ! command -v prometheus >/dev/null; then
-  echo "== installing Prometheus (Debian package; its service stays off)" >&2
-  install_prometheus
+# promtool (the chart's alert rules are checked and unit-tested with it) comes in the same
+# Debian package as Prometheus. Debian's python3-torch (CPU) lets the CPU twin load the GPU
+# data plane's stand-ins (bench/gpu/standins) in CI, which has no GPU.
+packages=()
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  packages+=(prometheus)
+fi
+if [ ! -d /usr/lib/python3/dist-packages/torch ]; then
+  packages+=(python3-torch)
+fi
+if [ ${#packages[@]} -gt 0 ]; then
+  echo "== installing Debian packages: ${packages[*]} (services stay off)" >&2
+  apt_install "${packages[@]}"
 fi
 
 command -v go >/dev/null || { echo "error: Go (>= 1.26) is needed to build the local cluster" >&2; exit 1; }

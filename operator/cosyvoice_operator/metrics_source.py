@@ -14,7 +14,12 @@
 - ``completion_rate``: completed requests per second;
 - ``first_response_p95_ms``: the 95th percentile of time to first response, when Triton
   exports its first-response histogram (off by default, and absent for Python-backend
-  decoupled models on Triton 2.51); else None.
+  decoupled models on Triton 2.51); else None;
+- ``llm_waiting`` / ``llm_running``: requests waiting for and running in the pods' vLLM
+  servers (``vllm:num_requests_waiting`` / ``vllm:num_requests_running``), where those
+  series exist (``spec.model.llmRuntime: vllm``, their ports scraped); else None. The
+  waiting ones are added to ``pending_requests``: the orchestrator holds them while they
+  wait, so Triton counts them as executing, yet they are queued work all the same.
 
 The point of the module is to never turn "Prometheus does not know" into a number. A sample
 is ``available`` only when the pods' series are there and fresh; otherwise it says why:
@@ -53,6 +58,7 @@ import math
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -74,6 +80,9 @@ SUCCESS = "nv_inference_request_success"
 QUEUE_US = "nv_inference_queue_duration_us"
 REQUEST_US = "nv_inference_request_duration_us"
 FIRST_RESPONSE_BUCKET = "nv_inference_first_response_histogram_ms_bucket"
+# vLLM's gauges (its /metrics, on each LLM server's port); no model label of Triton's.
+VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_RUNNING = "vllm:num_requests_running"
 # Completions per second below which the queue-time ratio stops dividing (see the docstring).
 EPSILON = 1e-6
 FIRST_RESPONSE_QUANTILE = 0.95
@@ -91,6 +100,8 @@ class Sample:
     no_traffic: bool
     first_response_p95_ms: float | None
     pods_seen: int  # how many of the given pods had fresh series
+    llm_waiting: float | None = None
+    llm_running: float | None = None
 
 
 def unavailable(reason: str, message: str, pods_seen: int = 0) -> Sample:
@@ -135,6 +146,11 @@ def selector(namespace: str, pods: Sequence[str], model: str) -> str:
     return f"namespace={_string(namespace)},pod=~{_string(pod_regex(pods))},model={_string(model)}"
 
 
+def pod_selector(namespace: str, pods: Sequence[str]) -> str:
+    """The label matchers of one service's pods, whatever the model."""
+    return f"namespace={_string(namespace)},pod=~{_string(pod_regex(pods))}"
+
+
 @dataclass(frozen=True)
 class Queries:
     """The PromQL of one sample, for a selector and a rate window."""
@@ -145,9 +161,11 @@ class Queries:
     in_flight: str
     completion_rate: str
     first_response_p95_ms: str
+    llm_waiting: str = ""
+    llm_running: str = ""
 
     @classmethod
-    def build(cls, matchers: str, window_seconds: int) -> Queries:
+    def build(cls, matchers: str, window_seconds: int, pod_matchers: str = "") -> Queries:
         w = f"[{window_seconds}s]"
 
         def rate_sum(metric: str) -> str:
@@ -166,6 +184,12 @@ class Queries:
                 f"histogram_quantile({FIRST_RESPONSE_QUANTILE}, "
                 f"sum by (le) (rate({FIRST_RESPONSE_BUCKET}{{{matchers}}}{w})))"
             ),
+            llm_waiting=f'sum({{__name__="{VLLM_WAITING}",{pod_matchers}}})'
+            if pod_matchers
+            else "",
+            llm_running=f'sum({{__name__="{VLLM_RUNNING}",{pod_matchers}}})'
+            if pod_matchers
+            else "",
         )
 
 
@@ -220,6 +244,8 @@ class PrometheusSource:
         client: QueryClient | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        # What messages (status, Events, logs) show: never the URL's user:password@.
+        self.shown_url = without_credentials(self.url)
         self.window_seconds = window_seconds
         self.timeout_seconds = timeout_seconds
         self.stale_seconds = stale_seconds
@@ -255,7 +281,7 @@ class PrometheusSource:
         except TimeoutError:
             return unavailable(
                 UNREACHABLE,
-                f"Prometheus at {self.url} did not answer within {self.timeout_seconds:g}s",
+                f"Prometheus at {self.shown_url} did not answer within {self.timeout_seconds:g}s",
             )
 
     # Runs in a worker thread.
@@ -269,24 +295,24 @@ class PrometheusSource:
     def _query(self, query: str, deadline: float) -> Any:
         if time.monotonic() > deadline:
             # The caller has given up already; do not keep Prometheus busy for nobody.
-            raise _Unavailable(UNREACHABLE, f"Prometheus at {self.url}: out of time")
+            raise _Unavailable(UNREACHABLE, f"Prometheus at {self.shown_url}: out of time")
         try:
             return self._connection().custom_query(query)
         except (requests.ConnectionError, requests.Timeout) as err:
             raise _Unavailable(
-                UNREACHABLE, f"Prometheus at {self.url} unreachable: {_connection_error(err)}"
+                UNREACHABLE, f"Prometheus at {self.shown_url} unreachable: {_connection_error(err)}"
             ) from None
         except PrometheusApiClientException as err:
             raise _Unavailable(
-                QUERY_FAILED, f"Prometheus at {self.url} refused {query}: {_api_error(err)}"
+                QUERY_FAILED, f"Prometheus at {self.shown_url} refused {query}: {_api_error(err)}"
             ) from None
         except requests.RequestException as err:
             raise _Unavailable(
-                QUERY_FAILED, f"Prometheus at {self.url} failed on {query}: {err}"
+                QUERY_FAILED, f"Prometheus at {self.shown_url} failed on {query}: {err}"
             ) from None
         except ValueError as err:  # a body that is not JSON
             raise _Unavailable(
-                QUERY_FAILED, f"Prometheus at {self.url} gave no JSON for {query}: {err}"
+                QUERY_FAILED, f"Prometheus at {self.shown_url} gave no JSON for {query}: {err}"
             ) from None
 
     def _read(self, namespace: str, pods: list[str], model: str, deadline: float) -> Sample:
@@ -297,10 +323,12 @@ class PrometheusSource:
                 STALE,
                 f"the newest sample of {PENDING} of {model!r} for {len(pods)} pod(s) in "
                 f"{namespace!r} is {newest_age:.0f}s old (stale after {self.stale_seconds:g}s) "
-                f"at {self.url}: is Prometheus still scraping them?",
+                f"at {self.shown_url}: is Prometheus still scraping them?",
             )
         seen = len(fresh)
-        q = Queries.build(selector(namespace, fresh, model), self.window_seconds)
+        q = Queries.build(
+            selector(namespace, fresh, model), self.window_seconds, pod_selector(namespace, fresh)
+        )
         values: dict[str, float] = {}
         for name, query in (
             ("pending", q.pending),
@@ -312,17 +340,25 @@ class PrometheusSource:
             if value is None:
                 raise _Unavailable(
                     NO_DATA,
-                    f"{query} is empty at {self.url} although {seen} pod(s) have fresh series: "
+                    f"{query} is empty at {self.shown_url} although {seen} pod(s) have fresh "
+                    "series: "
                     f"fewer than two samples in the last {self.window_seconds}s (pods that "
                     "just started?)",
                     seen,
                 )
             if not math.isfinite(value):
-                raise _Unavailable(NOT_A_NUMBER, f"{query} is {value} at {self.url}", seen)
+                raise _Unavailable(NOT_A_NUMBER, f"{query} is {value} at {self.shown_url}", seen)
             values[name] = value
         p95 = _scalar(self._query(q.first_response_p95_ms, deadline), q.first_response_p95_ms)
         # No histogram, or no observation in the window (histogram_quantile gives NaN): None.
         first_response = p95 if p95 is not None and math.isfinite(p95) else None
+        # vLLM's gauges, where the pods have them (an empty answer: no vLLM, not "zero").
+        llm: dict[str, float | None] = {}
+        for name, query in (("waiting", q.llm_waiting), ("running", q.llm_running)):
+            value = _scalar(self._query(query, deadline), query)
+            llm[name] = value if value is not None and math.isfinite(value) else None
+        if llm["waiting"] is not None:
+            values["pending"] += llm["waiting"]
         no_traffic = (
             values["completion_rate"] == 0 and values["pending"] == 0 and values["in_flight"] == 0
         )
@@ -341,6 +377,8 @@ class PrometheusSource:
             no_traffic=no_traffic,
             first_response_p95_ms=first_response,
             pods_seen=seen,
+            llm_waiting=llm["waiting"],
+            llm_running=llm["running"],
         )
 
     def _fresh_pods(self, query: str, pods: list[str], deadline: float) -> tuple[list[str], float]:
@@ -350,7 +388,7 @@ class PrometheusSource:
         if not points:
             raise _Unavailable(
                 NO_DATA,
-                f"no series for {query} at {self.url}: are the pods' metrics port scraped, "
+                f"no series for {query} at {self.shown_url}: are the pods' metrics port scraped, "
                 "with target labels namespace and pod?",
             )
         wanted = set(pods)
@@ -367,8 +405,18 @@ class PrometheusSource:
             if age <= self.stale_seconds:
                 fresh.append(pod)
         if math.isinf(youngest):
-            raise _Unavailable(NO_DATA, f"{query} at {self.url} answered none of the pods asked")
+            raise _Unavailable(
+                NO_DATA, f"{query} at {self.shown_url} answered none of the pods asked"
+            )
         return sorted(fresh), youngest
+
+
+def without_credentials(url: str) -> str:
+    """The URL without its ``user:password@`` part, for messages."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
 
 
 def _connection_error(err: requests.RequestException) -> str:

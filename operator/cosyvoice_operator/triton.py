@@ -47,12 +47,17 @@ Ours:
   ``llm_api_base`` (the first). Upstream's pinned ``model.py`` reads only ``llm_api_base``:
   spreading over the groups needs the serving image's orchestrator to read
   ``llm_api_bases``.
-- **The orchestrator** (Python BLS, no GPU of its own) stays ``KIND_CPU`` with
-  ``4 x gpusPerReplica`` (CosyVoice2) or ``10 x gpusPerReplica`` (CosyVoice3) instances
-  (:func:`orchestrator_instances`): upstream's per-GPU count times the GPUs. A CosyVoice2
-  stream holds one instance for its whole synthesis (upstream's ``execute`` is synchronous),
-  so the count is the pod's stream concurrency; it does not grow with ``instancesPerGpu``
-  because every instance is a Python process of its own (host memory). Its
+- **The orchestrator** (Python BLS, no GPU of its own) stays ``KIND_CPU``
+  (:func:`orchestrator_instances`). A CosyVoice2 stream holds one instance for its whole
+  synthesis (upstream's ``execute`` is synchronous), so the count is the pod's stream
+  concurrency. Upstream runs 4 per GPU, which leaves an LLM engine built for 16 sequences
+  three-quarters idle: on the lent H200, with stand-ins of CosyVoice2's shape, a pod with 4
+  orchestrator instances saturated at 2.8 requests/s, one with 16 at 7.7 and one with 32
+  (and an engine of 32 sequences) at 11.2 (``bench/results/gpu-sweep.json``). So CosyVoice2
+  gets one instance per LLM sequence slot, ``engine.maxBatchSize`` per tensor-parallel
+  group, and never fewer than upstream's 4 per GPU; CosyVoice3 keeps upstream's 10 per GPU
+  (not measured). The count does not grow with ``instancesPerGpu``; every instance is a
+  Python process of its own (host memory: size ``serving.resources`` for it). Its
   ``max_batch_size`` is 1 (upstream: 16 for CosyVoice2, 1 for CosyVoice3): upstream's
   CosyVoice2 ``execute`` runs the requests of a batch one after another, so a request
   batched behind another would wait inside ``execute``, unseen by
@@ -77,6 +82,25 @@ Ours:
   (``cosyvoice-engine-builder serve``) fills at start: links to the engine's ``model/`` files
   and, under the names upstream's code asks for, to the plans the build Job prebuilt (it reads
   their names from the manifest).
+
+The article's levers (issue 14):
+
+- **vLLM** (``spec.model.llmRuntime: vllm``): the LLM runs beside Triton for both variants
+  (:func:`llm_beside_triton`), one ``vllm serve`` per tensor-parallel group on the same ports
+  as CosyVoice3's trtllm-serve; CosyVoice2 then has no ``tensorrt_llm`` model
+  (:func:`model_names`) and its orchestrator gets ``llm_api_base(s)`` like CosyVoice3's, plus
+  ``llm_runtime`` and ``llm_served_model_name`` (vLLM refuses any other model name). The
+  tokenizer is the fetched checkpoint's (``checkpoint_dir``); the plans stay per architecture.
+  Upstream's pinned CosyVoice2 orchestrator has no OpenAI-client path: the serving image's
+  must have one (upstream's Step-Audio2 DiT orchestrator does).
+- **Queue policy** (``spec.serving.queuePolicy``): only on the orchestrator, the queue clients
+  wait in (``default_queue_policy``; per-priority ``priority_queue_policy`` entries give it
+  ``priority_levels`` too). The inner models get none: a rejected chunk would break a stream
+  already playing.
+- **Stream chunking** (``spec.serving.streamChunking``): ``dynamic_chunk_strategy`` from
+  ``hopGrowth``, and ``token_hop_len`` only when it is not upstream's 15, so that a service
+  that never set it keeps its repository (and its pods) as they were. Upstream's pinned
+  orchestrator hard-codes 15: reading ``token_hop_len`` is the serving image's job.
 
 Device memory between GPUs. A tensor that one model leaves on GPU *a* and another model on
 GPU *b* reads as device memory fails (TensorRT-LLM discussion #15476). What this
@@ -118,7 +142,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from .spec import VARIANTS, ServiceSpec
+from .spec import (
+    UPSTREAM_FIRST_CHUNK_TOKENS,
+    VARIANTS,
+    QueuePolicy,
+    QueuePolicySpec,
+    ServiceSpec,
+)
 
 MODEL_NAMES: dict[str, tuple[str, ...]] = {
     "cosyvoice2": (
@@ -134,6 +164,9 @@ LLM_BASE_PORT = 8010
 # The model directory the serving entrypoint assembles in the pod (see the module docstring).
 MODEL_VIEW = "/tmp/model_view"
 LLM_CHAT_PATH = "/v1/chat/completions"
+# The model name the vLLM servers answer to, and the orchestrator asks for (vLLM refuses a
+# chat completion for any other name; trtllm-serve ignores it).
+VLLM_SERVED_MODEL_NAME = "cosyvoice-llm"
 # Upstream's bls_instance_num, which it runs on a single GPU.
 ORCHESTRATOR_INSTANCES_PER_GPU: dict[str, int] = {"cosyvoice2": 4, "cosyvoice3": 10}
 # Upstream's attention window (run.sh); the KV cache holds one per batch slot.
@@ -203,31 +236,42 @@ def llm_groups(svc: ServiceSpec) -> list[list[int]]:
     return [list(range(start, start + tp)) for start in range(0, gpus, tp)]
 
 
+def llm_beside_triton(svc: ServiceSpec) -> bool:
+    """Whether the LLM runs as its own server beside Triton: CosyVoice3's trtllm-serve, or
+    vLLM for either variant. Only CosyVoice2 on TensorRT-LLM keeps it inside Triton."""
+    return svc.model.variant == "cosyvoice3" or svc.model.llm_runtime == "vllm"
+
+
 def llm_ports(svc: ServiceSpec) -> list[int]:
-    """CosyVoice3: the port of each group's trtllm-serve (8010, 8011, ...); none for CosyVoice2."""
-    if svc.model.variant != "cosyvoice3":
+    """The port of each group's LLM server (8010, 8011, ...); none when the LLM is in Triton."""
+    if not llm_beside_triton(svc):
         return []
     return [LLM_BASE_PORT + i for i in range(len(llm_groups(svc)))]
 
 
 def llm_urls(svc: ServiceSpec) -> list[str]:
-    """The chat-completions URL of each trtllm-serve, in group order."""
+    """The chat-completions URL of each LLM server, in group order."""
     return [f"http://localhost:{port}{LLM_CHAT_PATH}" for port in llm_ports(svc)]
 
 
 def orchestrator_instances(svc: ServiceSpec) -> int:
-    """Instances of the orchestrator in one pod: upstream's per-GPU count times the GPUs."""
+    """Instances of the orchestrator in one pod: upstream's per-GPU count times the GPUs, and
+    for CosyVoice2 at least one per LLM sequence slot (see the module docstring)."""
     _check_variant(svc.model.variant)
-    return ORCHESTRATOR_INSTANCES_PER_GPU[svc.model.variant] * svc.serving.gpus_per_replica
+    upstream = ORCHESTRATOR_INSTANCES_PER_GPU[svc.model.variant] * svc.serving.gpus_per_replica
+    if svc.model.variant != "cosyvoice2":
+        return upstream
+    return max(upstream, svc.engine.max_batch_size * len(llm_groups(svc)))
 
 
 def server_environment(svc: ServiceSpec) -> dict[str, str]:
     """Environment tritonserver needs for this repository.
 
-    CosyVoice2: the TensorRT-LLM backend's orchestrator mode, in which it spawns one executor
-    per ``gpu_device_ids`` entry and Triton core balances requests over them.
+    CosyVoice2 on TensorRT-LLM: the TensorRT-LLM backend's orchestrator mode, in which it
+    spawns one executor per ``gpu_device_ids`` entry and Triton core balances requests over
+    them.
     """
-    return {"TRTLLM_ORCHESTRATOR": "1"} if svc.model.variant == "cosyvoice2" else {}
+    return {"TRTLLM_ORCHESTRATOR": "1"} if not llm_beside_triton(svc) else {}
 
 
 # ---- protobuf text format ------------------------------------------------------------------
@@ -350,7 +394,11 @@ def _preferred(sizes: tuple[int, ...], max_batch_size: int) -> list[int]:
 
 
 def _batching(
-    svc: ServiceSpec, max_batch_size: int, *, priorities: bool = False
+    svc: ServiceSpec,
+    max_batch_size: int,
+    *,
+    priorities: bool = False,
+    queue_policy: QueuePolicySpec | None = None,
 ) -> dict[str, Value]:
     db = svc.serving.dynamic_batching
     batching: dict[str, Value] = {}
@@ -362,7 +410,24 @@ def _batching(
         # Requests without a priority take the lowest level; chunks sent with one go first.
         batching["priority_levels"] = db.priority_levels
         batching["default_priority_level"] = db.priority_levels
+    if queue_policy is not None:
+        batching["default_queue_policy"] = _queue_policy(queue_policy.default)
+        if queue_policy.priority_policies:
+            batching["priority_queue_policy"] = [
+                {"key": p.priority_level, "value": _queue_policy(p.policy)}
+                for p in queue_policy.priority_policies
+            ]
     return batching
+
+
+def _queue_policy(policy: QueuePolicy) -> dict[str, Value]:
+    """Triton's ModelQueuePolicy. 0 keeps Triton's meaning: no bound, no timeout."""
+    return {
+        "timeout_action": _Enum(policy.timeout_action.upper()),
+        "default_timeout_microseconds": policy.default_timeout_microseconds,
+        "allow_timeout_override": policy.allow_timeout_override,
+        "max_queue_size": policy.max_queue_size,
+    }
 
 
 def _gpu_instances(svc: ServiceSpec) -> list[Value]:
@@ -414,22 +479,40 @@ def _python_model(
 _ORCHESTRATOR_MAX_BATCH = 1
 
 
+# spec.serving.streamChunking.hopGrowth -> upstream's dynamic_chunk_strategy values.
+HOP_GROWTH_STRATEGY = {"exponential": "exponential", "equal": "equal", "time-based": "time_based"}
+
+
 def _orchestrator(svc: ServiceSpec, paths: EnginePaths) -> dict[str, Value]:
+    chunking = svc.serving.stream_chunking
     params = {
         **_HOST_INPUTS,
         "model_dir": MODEL_VIEW,
         "llm_tokenizer_dir": paths.tokenizer,
-        "dynamic_chunk_strategy": "exponential",
+        "dynamic_chunk_strategy": HOP_GROWTH_STRATEGY[chunking.hop_growth],
     }
-    if svc.model.variant == "cosyvoice3":
+    if chunking.first_chunk_tokens != UPSTREAM_FIRST_CHUNK_TOKENS:
+        # Upstream's value is the model code's own default: written out only when it differs,
+        # so the repository (and the pods) of a service that never set it stay as they were.
+        params["token_hop_len"] = str(chunking.first_chunk_tokens)
+    if llm_beside_triton(svc):
         urls = llm_urls(svc)
         params["llm_api_base"] = urls[0]
         params["llm_api_bases"] = ",".join(urls)
+    if svc.model.llm_runtime == "vllm":
+        params["llm_runtime"] = "vllm"
+        params["llm_served_model_name"] = VLLM_SERVED_MODEL_NAME
+    queue = svc.serving.queue_policy
+    # Per-priority policies need priority levels on the queue clients wait in; without them
+    # the orchestrator keeps upstream's single level.
+    client_priorities = queue is not None and bool(queue.priority_policies)
     return {
         "name": orchestrator(svc.model.variant),
         "backend": "python",
         "max_batch_size": _ORCHESTRATOR_MAX_BATCH,
-        "dynamic_batching": _batching(svc, _ORCHESTRATOR_MAX_BATCH),
+        "dynamic_batching": _batching(
+            svc, _ORCHESTRATOR_MAX_BATCH, priorities=client_priorities, queue_policy=queue
+        ),
         "model_transaction_policy": _decoupled(svc),
         "parameters": _parameters(params),
         "input": [
@@ -632,21 +715,34 @@ def _tensorrt_llm(svc: ServiceSpec, paths: EnginePaths) -> dict[str, Value]:
     }
 
 
-def render_repository(svc: ServiceSpec, engine_dir: str) -> dict[str, str]:
-    """Every model of the service's variant -> its ``config.pbtxt`` text, in MODEL_NAMES order.
+def model_names(svc: ServiceSpec) -> tuple[str, ...]:
+    """The models of the service's repository: its variant's, less ``tensorrt_llm`` when the
+    LLM runs beside Triton (vLLM)."""
+    _check_variant(svc.model.variant)
+    names = MODEL_NAMES[svc.model.variant]
+    return tuple(n for n in names if n != "tensorrt_llm" or not llm_beside_triton(svc))
 
-    ``engine_dir`` is where the engine directory is mounted in the pod (``/engines/<key>``).
+
+def render_repository(
+    svc: ServiceSpec, engine_dir: str, checkpoint_dir: str = ""
+) -> dict[str, str]:
+    """Every model of the service -> its ``config.pbtxt`` text, in :func:`model_names` order.
+
+    ``engine_dir`` is where the engine directory is mounted in the pod (``/engines/<key>``);
+    with vLLM it holds the plans, and ``checkpoint_dir`` the fetched release (its ``model/``
+    directory, tokenizer included).
     """
     variant = svc.model.variant
     _check_variant(variant)
     paths = engine_paths(engine_dir)
-    models: dict[str, dict[str, Value]] = {orchestrator(variant): _orchestrator(svc, paths)}
-    if variant == "cosyvoice2":
+    model_paths = engine_paths(checkpoint_dir) if checkpoint_dir else paths
+    models: dict[str, dict[str, Value]] = {orchestrator(variant): _orchestrator(svc, model_paths)}
+    if "tensorrt_llm" in model_names(svc):
         models["tensorrt_llm"] = _tensorrt_llm(svc, paths)
     models["token2wav"] = _token2wav(svc, paths)
     if variant == "cosyvoice3":
         models["vocoder"] = _vocoder(svc, paths)
     models["audio_tokenizer"] = _audio_tokenizer(svc, paths)
     models["speaker_embedding"] = _speaker_embedding(svc, paths)
-    assert tuple(models) == MODEL_NAMES[variant]
+    assert tuple(models) == model_names(svc)
     return {name: _text(config) for name, config in models.items()}

@@ -226,7 +226,9 @@ def test_instance_groups(gpus: int, tp: int, per_gpu: int) -> None:
         (bls,) = configs[triton.orchestrator(variant)].instance_group
         assert bls.kind == mc.ModelInstanceGroup.KIND_CPU
         assert not bls.gpus
-        assert bls.count == {"cosyvoice2": 4, "cosyvoice3": 10}[variant] * gpus
+        slots = svc.engine.max_batch_size * (gpus // tp)  # CosyVoice2: one per LLM sequence
+        upstream = {"cosyvoice2": 4, "cosyvoice3": 10}[variant] * gpus
+        assert bls.count == (max(upstream, slots) if variant == "cosyvoice2" else upstream)
         assert bls.count == triton.orchestrator_instances(svc)
         if variant == "cosyvoice2":
             (llm,) = configs["tensorrt_llm"].instance_group
@@ -412,3 +414,25 @@ def test_quotes_and_backslashes_are_escaped() -> None:
     svc = svc_of("cosyvoice2")
     config = parse(triton.render_repository(svc, '/engines/we"ird\\dir')["token2wav"])
     assert params(config)["plans_dir"] == '/engines/we"ird\\dir/plans'
+
+
+@pytest.mark.parametrize(
+    ("max_batch", "gpus", "tp", "expected"),
+    [
+        (16, 1, 1, 16),  # one orchestrator instance per LLM sequence slot
+        (32, 1, 1, 32),
+        (16, 4, 2, 32),  # two tensor-parallel groups of 16 slots
+        (2, 1, 1, 4),  # never fewer than upstream's 4 per GPU
+        (2, 4, 4, 16),
+    ],
+)
+def test_cosyvoice2_orchestrator_fills_the_llm_slots(
+    max_batch: int, gpus: int, tp: int, expected: int
+) -> None:
+    svc = svc_of(
+        "cosyvoice2",
+        serving={"gpusPerReplica": gpus, "dynamicBatching": {"preferredBatchSizes": []}},
+        engine={"tensorParallelSize": tp, "maxBatchSize": max_batch},
+    )
+    (bls,) = rendered(svc)["cosyvoice2"].instance_group
+    assert bls.count == expected == triton.orchestrator_instances(svc)

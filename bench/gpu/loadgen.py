@@ -1,0 +1,213 @@
+"""Open-loop streaming load against a Triton orchestrator, standard library only.
+
+Each request is an HTTP ``generate_stream`` call (server-sent events, one per audio chunk)
+to CosyVoice2's orchestrator with a ``target_text`` sized so that the stand-in LLM produces
+the requested audio length (3 speech tokens per text byte, 25 tokens per second of audio).
+Arrivals are Poisson at a fixed rate (open loop: a slow server does not slow the arrivals);
+:func:`closed_loop` keeps N requests in flight instead, to find a capacity quickly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TOKEN_RATE = 25
+TOKENS_PER_TEXT_BYTE = 3
+MAX_AUDIO_SECONDS = 30.0  # upstream's max_tokens 750 at 25 Hz
+
+
+@dataclass
+class Result:
+    audio_seconds: float
+    sent: float
+    first: float | None = None
+    done: float | None = None
+    chunks: int = 0
+    error: str = ""
+
+    @property
+    def first_chunk_s(self) -> float | None:
+        return None if self.first is None else self.first - self.sent
+
+
+def audio_lengths(trace: Path, limit: int | None = None) -> list[float]:
+    """Seconds of audio per request of a trace with a GeneratedTokens column (tokens / 25),
+    capped at 30 s like upstream's 750-token limit."""
+    with trace.open(newline="") as handle:
+        rows = csv.DictReader(handle)
+        out = [min(MAX_AUDIO_SECONDS, int(r["GeneratedTokens"]) / TOKEN_RATE) for r in rows]
+    return out[:limit] if limit else out
+
+
+def text_for(seconds: float) -> str:
+    size = max(1, math.ceil(seconds * TOKEN_RATE / TOKENS_PER_TEXT_BYTE))
+    return "a" * size
+
+
+async def stream(host: str, port: int, model: str, seconds: float, limit_s: float) -> Result:
+    result = Result(seconds, time.monotonic())
+    body = json.dumps({"target_text": text_for(seconds)}).encode()
+    head = (
+        f"POST /v2/models/{model}/generate_stream HTTP/1.1\r\nHost: {host}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    writer = None
+    try:
+        async with asyncio.timeout(limit_s):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(head + body)
+            await writer.drain()
+            status = await reader.readline()
+            if b" 200 " not in status:
+                rest = await reader.read(2000)
+                raise RuntimeError(f"{status.decode().strip()}: {rest.decode(errors='replace')}")
+            chunked = False
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                chunked |= line.lower().startswith(b"transfer-encoding: chunked")
+            buffer = b""
+            while True:
+                if chunked:
+                    size = int((await reader.readline()).strip() or b"0", 16)
+                    if size == 0:
+                        break
+                    data = await reader.readexactly(size + 2)
+                    buffer += data[:-2]
+                else:
+                    data = await reader.read(65536)
+                    if not data:
+                        break
+                    buffer += data
+                while b"\n\n" in buffer:
+                    event, buffer = buffer.split(b"\n\n", 1)
+                    if not event.startswith(b"data:"):
+                        continue
+                    payload = json.loads(event[5:])
+                    if "error" in payload:
+                        raise RuntimeError(str(payload["error"]))
+                    result.chunks += 1
+                    if result.first is None:
+                        result.first = time.monotonic()
+            if result.chunks == 0:
+                raise RuntimeError("the stream ended without audio")
+            result.done = time.monotonic()
+    except TimeoutError:
+        result.error = f"no end within {limit_s:.0f} s"
+    except Exception as exc:  # reported in the results, never fatal to the run
+        result.error = f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        if writer is not None:
+            writer.close()
+    return result
+
+
+async def open_loop(
+    host: str,
+    port: int,
+    model: str,
+    rate: float,
+    duration: float,
+    lengths: list[float],
+    seed: int,
+    limit_s: float = 120.0,
+) -> list[Result]:
+    """Poisson arrivals at ``rate`` per second for ``duration`` seconds; waits for every
+    request to end (or time out)."""
+    rng = random.Random(seed)
+    tasks: list[asyncio.Task[Result]] = []
+    start = time.monotonic()
+    at = 0.0
+    while True:
+        at += rng.expovariate(rate)
+        if at >= duration:
+            break
+        delay = start + at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        seconds = rng.choice(lengths)
+        tasks.append(asyncio.create_task(stream(host, port, model, seconds, limit_s)))
+    return list(await asyncio.gather(*tasks))
+
+
+async def closed_loop(
+    host: str,
+    port: int,
+    model: str,
+    clients: int,
+    duration: float,
+    lengths: list[float],
+    seed: int,
+    limit_s: float = 120.0,
+) -> list[Result]:
+    rng = random.Random(seed)
+    end = time.monotonic() + duration
+    results: list[Result] = []
+
+    async def client() -> None:
+        while time.monotonic() < end:
+            results.append(await stream(host, port, model, rng.choice(lengths), limit_s))
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return results
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+def p95_counting_errors(results: list[Result]) -> float | None:
+    """p95 of the first chunk with every failed request counted as never arriving (None when
+    the 95th percentile falls on a failure): the SLO test, errors being misses."""
+    ranked = sorted(
+        math.inf if r.error or r.first_chunk_s is None else r.first_chunk_s for r in results
+    )
+    value = percentile(ranked, 95)
+    return None if value is None or math.isinf(value) else value
+
+
+def meets_slo(step: dict[str, Any], slo_ms: float) -> bool:
+    """A load step meets the SLO when its p95 first chunk, failures counted as misses, is
+    within the target. For steps recorded before that field existed, a conservative bound:
+    no more failures than the 5% tail holds, and the p99 of the successes within target."""
+    if "p95_first_chunk_ms_counting_errors" in step:
+        p95 = step["p95_first_chunk_ms_counting_errors"]
+        return p95 is not None and p95 <= slo_ms
+    n, errors, p99 = step["requests"], step["errors"], step["p99_first_chunk_ms"]
+    return bool(n) and errors <= n - math.ceil(0.95 * n) and p99 is not None and p99 <= slo_ms
+
+
+def summarize(results: list[Result], duration: float, slo_s: float) -> dict[str, Any]:
+    firsts = [r.first_chunk_s for r in results if not r.error and r.first_chunk_s is not None]
+    totals = [r.done - r.sent for r in results if not r.error and r.done is not None]
+    good = sum(1 for f in firsts if f <= slo_s)
+    audio = sum(r.audio_seconds for r in results if not r.error)
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1000, 1)
+
+    return {
+        "requests": len(results),
+        "errors": sum(1 for r in results if r.error),
+        "offered_rps": round(len(results) / duration, 3),
+        "good_rps": round(good / duration, 3),
+        "slo_attainment": round(good / len(results), 4) if results else None,
+        "audio_seconds_per_s": round(audio / duration, 2),
+        "p50_first_chunk_ms": ms(percentile(firsts, 50)),
+        "p95_first_chunk_ms": ms(percentile(firsts, 95)),
+        "p99_first_chunk_ms": ms(percentile(firsts, 99)),
+        "p95_first_chunk_ms_counting_errors": ms(p95_counting_errors(results)),
+        "p50_total_ms": ms(percentile(totals, 50)),
+        "p95_total_ms": ms(percentile(totals, 95)),
+        "error_samples": sorted({r.error[:200] for r in results if r.error})[:3],
+    }

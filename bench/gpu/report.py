@@ -1,0 +1,150 @@
+"""``bench/results/gpu-sweep.json`` and ``gpu-sweep.png`` from a sweep's raw output.
+
+    .venv/bin/python bench/gpu/report.py bench/results/gpu-runs/run3-graphs-host-outputs.json
+
+A point's goodput at SLO is the good requests per second (first chunk within the target, no
+error) of the highest load step that met the SLO (p95 first chunk within the target, failed
+requests counted as misses; ``loadgen.meets_slo``). The operator's choice is the point whose
+serving fields are what the operator renders for a default CosyVoice2 service
+(``cosyvoice_operator.triton.orchestrator_instances`` and the CRD's defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import loadgen
+import pack
+
+from cosyvoice_operator import spec, triton
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def operator_choice() -> dict[str, Any]:
+    """The serving fields a default CosyVoice2 service renders to (one GPU)."""
+    svc = spec.parse({"model": pack.BASE["model"], "engine": {"cacheClaimName": "engines"}})
+    return {
+        "orchestratorPerGpu": triton.orchestrator_instances(svc),
+        "instancesPerGpu": svc.serving.instances_per_gpu,
+        "maxQueueDelayUs": svc.serving.dynamic_batching.max_queue_delay_microseconds,
+        "maxBatchSize": svc.engine.max_batch_size,
+    }
+
+
+def point(raw: dict[str, Any], slo_ms: float) -> dict[str, Any]:
+    steps = raw.get("steps", [])
+    passing = [s for s in steps if loadgen.meets_slo(s, slo_ms)]
+    best = max(passing, key=lambda s: s["good_rps"], default=None)
+    errors = sum(s["errors"] for s in steps)
+    requests = sum(s["requests"] for s in steps)
+    return {
+        "name": raw["name"],
+        "params": raw["params"],
+        "goodput_rps": best["good_rps"] if best else 0.0,
+        "offered_rps_at_goodput": best["offered_rps"] if best else None,
+        "p95_first_chunk_ms": best["p95_first_chunk_ms"] if best else None,
+        "p95_total_ms": best["p95_total_ms"] if best else None,
+        "closed_loop_rps": raw.get("closed_loop_rps"),
+        "closed_loop_p95_first_chunk_ms": raw.get("closed_loop_p95_first_chunk_ms"),
+        "error_rate": round(errors / requests, 4) if requests else None,
+        "gpu_utilization_mean": best["gpu_utilization_mean"] if best else None,
+        "gpu_memory_max_gib": raw.get("gpu_memory_max_gib"),
+        "ready_s": raw.get("ready_s"),
+        "steps": steps,
+        "model_stats": raw.get("model_stats"),
+        **({"error": raw["error"]} if "error" in raw else {}),
+    }
+
+
+def plot(points: list[dict[str, Any]], choice: str, out: Path, device: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ordered = sorted(points, key=lambda p: p["closed_loop_rps"] or 0)
+    names = [p["name"] for p in ordered]
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(names) + 1.8))
+    y = range(len(names))
+    ax.barh(
+        [i + 0.2 for i in y],
+        [p["closed_loop_rps"] or 0 for p in ordered],
+        height=0.4,
+        color="#c9d6e8",
+        label="capacity (closed loop, no SLO)",
+    )
+    ax.barh(
+        [i - 0.2 for i in y],
+        [p["goodput_rps"] for p in ordered],
+        height=0.4,
+        color=["#d9822b" if p["name"] == choice else "#3465a4" for p in ordered],
+        label="goodput at SLO (p95 first chunk <= 1 s, errors as misses)",
+    )
+    for i, p in enumerate(ordered):
+        if p["error_rate"]:
+            ax.text(0.1, i - 0.2, f"errors {p['error_rate']:.0%}", va="center", fontsize=7)
+    ax.set_yticks(list(y), names, fontsize=8)
+    ax.set_xlabel("requests per second, one GPU (mean audio 8.4 s)")
+    ax.set_title(
+        f"CosyVoice2-shaped stand-ins in the operator's repository, {device}\n"
+        "orange: the operator's choice",
+        fontsize=9,
+    )
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("raw", type=Path, help="a sweep.py output")
+    parser.add_argument("--out", type=Path, default=RESULTS / "gpu-sweep.json")
+    args = parser.parse_args()
+    raw = json.loads(args.raw.read_text())
+    slo = float(raw["slo_first_chunk_ms"])
+    points = [point(p, slo) for p in raw["points"]]
+    wanted = operator_choice()
+    chosen = next((p for p in points if p["params"] == wanted), None)
+    best = max(points, key=lambda p: p["goodput_rps"])
+    report = {
+        "device": raw["device"],
+        "source": str(args.raw),
+        "slo_first_chunk_ms": slo,
+        "audio_seconds_mean": raw.get("audio_seconds_mean"),
+        "points": points,
+        "best": {
+            "name": best["name"],
+            "params": best["params"],
+            "goodput_rps": best["goodput_rps"],
+        },
+        "operator_choice": {
+            "params": wanted,
+            "goodput_rps": chosen["goodput_rps"] if chosen else None,
+            "closed_loop_rps": chosen["closed_loop_rps"] if chosen else None,
+            "fraction_of_best": (
+                round(chosen["goodput_rps"] / best["goodput_rps"], 3)
+                if chosen and best["goodput_rps"]
+                else None
+            ),
+        },
+    }
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    plot(points, chosen["name"] if chosen else "", args.out.with_suffix(".png"), raw["device"])
+    for p in sorted(points, key=lambda p: -p["goodput_rps"]):
+        print(
+            f"{p['name']:32} goodput {p['goodput_rps']:5.2f}/s  capacity "
+            f"{p['closed_loop_rps'] or 0:5.2f}/s  p95 first {p['p95_first_chunk_ms']} ms  "
+            f"errors {p['error_rate']}"
+        )
+    print("operator choice:", json.dumps(report["operator_choice"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

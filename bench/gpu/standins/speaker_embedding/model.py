@@ -1,0 +1,41 @@
+"""GPU stand-in for ``speaker_embedding`` (CAM++ upstream): a 192-value embedding of the
+reference audio from :class:`cv_shapes.Encoder` on the instance's GPU, out by DLPack."""
+
+# ruff: noqa: E402
+
+from __future__ import annotations
+
+import os
+import sys
+
+# The embedded Python of Triton's stub ignores PYTHONPATH: the sweep (and the CPU twin's
+# test) name the stand-ins' directory and torch's site in COSYVOICE_STANDIN_PATH instead.
+for _entry in os.environ.get("COSYVOICE_STANDIN_PATH", "").split(os.pathsep):
+    if _entry and _entry not in sys.path:
+        sys.path.append(_entry)
+
+from typing import Any
+
+import torch
+import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
+from cv_shapes import Encoder, device_of
+from torch.utils.dlpack import to_dlpack
+
+EMBEDDING_SIZE = 192
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        self.net = Encoder(device_of(args), EMBEDDING_SIZE)
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        responses = []
+        for request in requests:
+            wav = pb_utils.get_input_tensor_by_name(request, "reference_wav").as_numpy()
+            clip = torch.from_numpy(wav[:, : max(wav.shape[-1], 640)].copy())
+            embedding = self.net.features(clip).mean(0, keepdim=True).to(torch.float16)
+            out = pb_utils.Tensor.from_dlpack(
+                "prompt_spk_embedding", to_dlpack(embedding.contiguous())
+            )
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses

@@ -1,0 +1,332 @@
+"""The GPU sweep, run on the device (``bench/README.md`` has the command).
+
+For each point of ``build/points.json`` (or ``--points``): start ``tritonserver`` on the
+point's repository, warm it up, find its capacity with a short closed-loop run (as many
+clients as the orchestrator has instances), then offer open-loop Poisson load at fractions of
+that capacity until the p95 first chunk misses the SLO. A point's goodput is the good
+requests per second (first chunk within the SLO, no error) of the highest rate that met the
+SLO with no error. GPU utilisation and memory come from Triton's own metrics, sampled each
+second. Results are written after every point, so a run cut short keeps what it measured.
+
+Standard library only (the device has no tritonclient); Python 3.11+.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import loadgen
+
+MODEL = "cosyvoice2"
+HOST = "127.0.0.1"
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 18000, 18001, 18002
+FRACTIONS = (0.6, 0.8, 0.95, 1.1)
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return answer.status, answer.read().decode()
+    except Exception as exc:
+        return 0, str(exc)
+
+
+class Server:
+    def __init__(
+        self, triton: Path, repo: Path, standins: Path, logfile: Path, stub_prefix: str = ""
+    ) -> None:
+        self.triton, self.repo, self.standins, self.logfile = triton, repo, standins, logfile
+        self.stub_prefix = stub_prefix
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float) -> float:
+        import sysconfig
+
+        import torch  # only to find the site-packages that the stubs must see
+
+        site = str(Path(torch.__file__).resolve().parents[1])
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = ":".join(
+            [
+                str(self.triton / "libs"),
+                sysconfig.get_config_var("LIBDIR") or "",
+                env.get("LD_LIBRARY_PATH", ""),
+            ]
+        )
+        env["COSYVOICE_STANDIN_PATH"] = ":".join([str(self.standins), site])
+        if self.stub_prefix:  # a Python prefix (venv) whose NumPy the stubs must use
+            env["PATH"] = f"{self.stub_prefix}/bin:{env.get('PATH', '')}"
+            site = f"{self.stub_prefix}/lib/python3.12/site-packages"
+            env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else site
+        argv = [
+            str(self.triton / "bin" / "tritonserver"),
+            f"--model-repository={self.repo}",
+            f"--backend-directory={self.triton / 'backends'}",
+            "--disable-auto-complete-config",
+            "--strict-readiness=true",
+            f"--http-address={HOST}",
+            f"--http-port={HTTP_PORT}",
+            f"--grpc-address={HOST}",
+            f"--grpc-port={GRPC_PORT}",
+            f"--metrics-address={HOST}",
+            f"--metrics-port={METRICS_PORT}",
+            "--metrics-interval-ms=1000",
+            "--exit-timeout-secs=5",
+        ]
+        started = time.monotonic()
+        self.process = subprocess.Popen(
+            argv, env=env, stdout=self.logfile.open("wb"), stderr=subprocess.STDOUT
+        )
+        while time.monotonic() - started < timeout:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited {self.process.returncode}: {self.tail()}")
+            if get(f"http://{HOST}:{HTTP_PORT}/v2/health/ready")[0] == 200:
+                return time.monotonic() - started
+            time.sleep(0.5)
+        raise TimeoutError(f"not ready in {timeout:.0f}s: {self.tail()}")
+
+    def tail(self) -> str:
+        return self.logfile.read_text(errors="replace")[-3000:]
+
+    def errors(self) -> list[str]:
+        """The server log's lines that explain a failure (a stub's crash, a traceback)."""
+        keys = ("terminate called", "what():", "Traceback", "Error", "error:", "Killed", "shm")
+        lines = self.logfile.read_text(errors="replace").splitlines()
+        hits = [x for x in lines if any(k in x for k in keys) and "CudaDriverHelper" not in x]
+        return [x[:400] for x in hits[-12:]]
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        subprocess.run(["pkill", "-9", "-f", "triton_python_backend_stub"], check=False)
+
+
+class GpuSampler:
+    """Triton's nv_gpu_utilization (0..1) and nv_gpu_memory_used_bytes, once a second, summed
+    over the GPUs and per GPU (its ``gpu_uuid`` label)."""
+
+    def __init__(self) -> None:
+        self.util: list[float] = []
+        self.memory: list[float] = []
+        self.per_gpu: dict[str, dict[str, list[float]]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            status, text = get(f"http://{HOST}:{METRICS_PORT}/metrics")
+            if status != 200:
+                continue
+            for name, into, key in (
+                ("nv_gpu_utilization", self.util, "util"),
+                ("nv_gpu_memory_used_bytes", self.memory, "memory"),
+            ):
+                found = re.findall(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.M)
+                for labels, value in found:
+                    uuid = re.search(r'gpu_uuid="([^"]*)"', labels)
+                    gpu = self.per_gpu.setdefault(uuid.group(1) if uuid else "?", {})
+                    gpu.setdefault(key, []).append(float(value))
+                if found:
+                    into.append(sum(float(v) for _, v in found))
+
+    def __enter__(self) -> GpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "gpu_utilization_mean": round(sum(self.util) / len(self.util), 3)
+            if self.util
+            else None,
+            "gpu_memory_max_gib": round(max(self.memory) / 2**30, 2) if self.memory else None,
+            "per_gpu": {
+                uuid: {
+                    "utilization_mean": round(sum(v["util"]) / len(v["util"]), 3)
+                    if v.get("util")
+                    else None,
+                    "memory_max_gib": round(max(v["memory"]) / 2**30, 2)
+                    if v.get("memory")
+                    else None,
+                }
+                for uuid, v in self.per_gpu.items()
+            },
+        }
+
+
+def model_stats() -> dict[str, Any]:
+    """Per model: requests, executions (so the mean batch), mean queue and compute time."""
+    status, text = get(f"http://{HOST}:{HTTP_PORT}/v2/models/stats", timeout=5)
+    if status != 200:
+        return {}
+    out: dict[str, Any] = {}
+    for model in json.loads(text).get("model_stats", []):
+        stats = model.get("inference_stats", {})
+        count = int(stats.get("success", {}).get("count", 0))
+        executions = int(model.get("execution_count", 0))
+        if not count:
+            continue
+        out[model["name"]] = {
+            "requests": count,
+            "mean_batch": round(int(model.get("inference_count", 0)) / max(1, executions), 2),
+            "mean_queue_ms": round(int(stats.get("queue", {}).get("ns", 0)) / count / 1e6, 2),
+            "mean_compute_ms": round(
+                int(stats.get("compute_infer", {}).get("ns", 0)) / count / 1e6, 2
+            ),
+        }
+    return out
+
+
+def measure(lengths: list[float], concurrency: int, args: argparse.Namespace) -> dict[str, Any]:
+    slo = args.slo_ms / 1000
+    warm = asyncio.run(loadgen.closed_loop(HOST, HTTP_PORT, MODEL, 2, 3.0, lengths, seed=1))
+    if not any(not r.error for r in warm):
+        raise RuntimeError(f"warm-up failed: {[r.error for r in warm][:3]}")
+    probe = asyncio.run(
+        loadgen.closed_loop(
+            HOST, HTTP_PORT, MODEL, concurrency, args.probe_seconds, lengths, seed=2
+        )
+    )
+    capacity = sum(1 for r in probe if not r.error) / args.probe_seconds
+    steps: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
+    for i, fraction in enumerate(FRACTIONS):
+        rate = max(0.2, fraction * capacity)
+        with GpuSampler() as gpu:
+            results = asyncio.run(
+                loadgen.open_loop(
+                    HOST, HTTP_PORT, MODEL, rate, args.step_seconds, lengths, seed=10 + i
+                )
+            )
+        step = {
+            "rate_rps": round(rate, 3),
+            **loadgen.summarize(results, args.step_seconds, slo),
+            **gpu.summary(),
+        }
+        steps.append(step)
+        log(
+            f"  rate {rate:.2f}/s: p95 first {step['p95_first_chunk_ms']} ms, "
+            f"errors {step['errors']}, good {step['good_rps']}/s, "
+            f"gpu {step['gpu_utilization_mean']}"
+        )
+        ok = loadgen.meets_slo(step, args.slo_ms)
+        if not ok:
+            break
+        best = step
+    return {
+        "closed_loop_rps": round(capacity, 3),
+        "closed_loop_errors": sum(1 for r in probe if r.error),
+        "closed_loop_p95_first_chunk_ms": loadgen.summarize(probe, args.probe_seconds, slo)[
+            "p95_first_chunk_ms"
+        ],
+        "steps": steps,
+        "goodput_rps": best["good_rps"] if best else 0.0,
+        "p95_first_chunk_ms": best["p95_first_chunk_ms"] if best else None,
+        "p95_total_ms": best["p95_total_ms"] if best else None,
+        "gpu_utilization_mean": best["gpu_utilization_mean"] if best else None,
+        "gpu_memory_max_gib": max((s["gpu_memory_max_gib"] or 0) for s in steps) or None,
+        "model_stats": model_stats(),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--triton", type=Path, required=True)
+    parser.add_argument("--build", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--points", default="", help="comma-separated point names (default: all)")
+    parser.add_argument("--slo-ms", type=float, default=1000.0)
+    parser.add_argument("--probe-seconds", type=float, default=6.0)
+    parser.add_argument("--step-seconds", type=float, default=8.0)
+    parser.add_argument("--stub-prefix", default="", help="venv whose Python the stubs embed")
+    parser.add_argument(
+        "--keep-going", action="store_true", help="go on after a point fails to start"
+    )
+    parser.add_argument(
+        "--deadline", type=float, default=540.0, help="stop starting points after this many seconds"
+    )
+    args = parser.parse_args()
+    began = time.monotonic()
+    points = json.loads((args.build / "points.json").read_text())
+    if args.points:
+        wanted = args.points.split(",")
+        points = [p for name in wanted for p in points if p["name"] == name]
+    lengths = loadgen.audio_lengths(args.build / "trace.csv")
+    device = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    report: dict[str, Any] = {
+        "device": device,
+        "slo_first_chunk_ms": args.slo_ms,
+        "step_seconds": args.step_seconds,
+        "audio_seconds_mean": round(sum(lengths) / len(lengths), 2),
+        "points": [],
+    }
+    for point in points:
+        if time.monotonic() - began > args.deadline:
+            log(f"deadline: skipping {point['name']}")
+            continue
+        repo = args.build / "repos" / point["name"]
+        server = Server(
+            args.triton,
+            repo,
+            args.build / "standins",
+            Path("/tmp") / f"{point['name']}.log",
+            args.stub_prefix,
+        )
+        entry: dict[str, Any] = {"name": point["name"], "params": point["params"]}
+        log(f"{point['name']}: starting")
+        try:
+            entry["ready_s"] = round(server.start(timeout=240), 1)
+            concurrency = point["params"]["orchestratorPerGpu"]
+            entry.update(measure(lengths, concurrency, args))
+        except Exception as exc:
+            entry["error"] = f"{type(exc).__name__}: {exc}"[-2000:]
+            entry["log_tail"] = server.tail()[-1500:]
+            log(f"{point['name']}: FAILED {entry['error'][:300]}")
+        finally:
+            server.stop()
+        if entry.get("error") or any(s.get("errors") for s in entry.get("steps", [])):
+            entry["server_errors"] = server.errors()
+        report["points"].append(entry)
+        args.out.write_text(json.dumps(report, indent=1))
+        log(f"{point['name']}: goodput {entry.get('goodput_rps')} rps")
+        if (
+            "error" in entry
+            and not args.keep_going
+            and not any("error" not in p for p in report["points"])
+        ):
+            log("the first point failed: stopping (the rest would fail the same way)")
+            break
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
