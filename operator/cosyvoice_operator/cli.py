@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -44,7 +45,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         # kopf pause them all. A random one per process makes the highest the active one.
         priority = args.priority if args.priority is not None else random_priority()
         handlers.PEERING = (args.peering, priority)
-        print(f"peering {args.peering!r} with priority {priority}", file=sys.stderr)
     if args.metrics_port is not None:
         from .operator_metrics import serve
 
@@ -57,7 +57,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-    kopf.configure(verbose=args.verbose)
+    from .logs import configure
+
+    configure(args.log_format, args.verbose)
+    if priority is not None:
+        logging.getLogger(__name__).info("peering %r with priority %d", args.peering, priority)
     kopf.run(
         standalone=args.peering is None,
         peering_name=args.peering,
@@ -252,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--metrics-address", default="0.0.0.0", help="address of the metrics endpoint")
     run.add_argument("--verbose", action="store_true")
+    run.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text lines, or one JSON object per line for log pipelines",
+    )
     run.set_defaults(func=_cmd_run)
 
     cluster = sub.add_parser(
@@ -295,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--name", default="cosyvoice-demo")
     demo.add_argument("--keep-cluster", action="store_true", help="leave the cluster running")
     demo.set_defaults(func=_cmd_demo)
+
+    from .sim import command as sim_command  # the autoscaling benchmark (issue 10)
+
+    sim_command.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,168 @@
+"""The simulator's per-replica service model against one real CPU Triton (issue 10).
+
+One ``tritonserver`` (CosyVoice3's CPU twin, through :class:`PodServers`) is measured in
+three steps, with :class:`LoadGenerator`'s streaming gRPC requests:
+
+1. overhead: one request at a time; what a request takes beyond the hold the orchestrator
+   is asked for (``service_seconds``, a quarter of it before the first audio);
+2. streams: many requests at once; completions per second times the time each takes gives
+   the streams the pod serves concurrently (the orchestrator's instances);
+3. agreement: Poisson arrivals at a given rate; the same arrival times go through the
+   simulator's `Plant` with the measured model, and the first-audio p95 of both is compared.
+
+The twin holds each request for a fixed time whatever its text, so its RTF is that hold over
+the audio its stand-ins produce for the text sent (CosyVoice3's rule: 3 speech tokens per
+character of reference and target text, 25 tokens a second).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from cosyvoice_operator import triton
+from cosyvoice_operator.sim.engine import quantile
+from cosyvoice_operator.sim.plant import Plant, ServiceModel
+from tests.closed_loop.harness import DEFAULT_TEXT, LoadGenerator, PodServers, RequestRecord
+from tests.triton_twin.test_twin import service, speech_tokens
+
+VARIANT = "cosyvoice3"
+
+
+@dataclass(frozen=True)
+class Agreement:
+    rate_per_s: float
+    seconds: float
+    requests: int
+    real_p95_s: float
+    sim_p95_s: float
+    real_p50_s: float
+    sim_p50_s: float
+
+    @property
+    def gap(self) -> float:
+        """(sim - real) / real of the p95."""
+        return (self.sim_p95_s - self.real_p95_s) / self.real_p95_s
+
+
+@dataclass(frozen=True)
+class Calibration:
+    service_seconds: float
+    instances: int  # what the rendered repository gives the orchestrator (capped)
+    streams: int  # measured
+    first_chunk_overhead_s: float
+    total_overhead_s: float
+    audio_s: float  # of the text sent
+    rtf: float  # per stream: time held per second of audio
+    model: ServiceModel
+    agreements: tuple[Agreement, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        for a, agreement in zip(doc["agreements"], self.agreements, strict=True):
+            a["p95_gap"] = round(agreement.gap, 4)
+        return doc
+
+
+def _ok(records: list[RequestRecord]) -> list[RequestRecord]:
+    return [r for r in records if r.ok and r.first_chunk_s is not None and r.total_s is not None]
+
+
+def simulate_same_arrivals(
+    model: ServiceModel, records: list[RequestRecord], audio: float
+) -> list[float]:
+    """First-audio latencies of the same arrivals through one simulated pod."""
+    plant = Plant(model, cold_start_s=0.0, initial_ready=1, give_up_s=1e9)
+    plant.tick(0.0)
+    start = min(r.started for r in records)
+    return [
+        plant.dispatch(r.started - start, audio) for r in sorted(records, key=lambda r: r.started)
+    ]
+
+
+def calibrate(
+    work: Path,
+    service_seconds: float = 1.0,
+    max_instances: int = 2,
+    rates: tuple[float, ...] = (1.2,),
+    seconds: float = 40.0,
+    seed: int = 7,
+) -> Calibration:
+    svc = service(VARIANT)
+    audio = speech_tokens(VARIANT, DEFAULT_TEXT) / 25.0
+    instances = min(triton.orchestrator_instances(svc), max_instances)
+    servers = PodServers(
+        svc,
+        work / "pods",
+        work / "targets.json",
+        namespace="calibration",
+        pods=lambda: ["replica-0"],
+        service_seconds=service_seconds,
+        max_instances=max_instances,
+    )
+    with servers:
+        servers.wait_live(["replica-0"], timeout=120)
+        with LoadGenerator(servers.grpc_urls, servers.model, seed=seed) as load:
+            load.set_concurrency(1)  # warm every model's first call
+            time.sleep(2 * service_seconds)
+            load.stop()
+            mark = time.monotonic()
+            load.set_concurrency(1)
+            time.sleep(max(6.0, 8 * service_seconds))
+            load.stop()
+            alone = _ok(load.records(since=mark))
+            first_overhead = statistics.median(
+                r.first_chunk_s - service_seconds / 4 for r in alone if r.first_chunk_s
+            )
+            total_overhead = statistics.median(
+                r.total_s - service_seconds for r in alone if r.total_s
+            )
+            mark = time.monotonic()
+            load.set_concurrency(4 * instances)
+            time.sleep(max(8.0, 8 * service_seconds))
+            load.stop()
+            busy = _ok(load.records(since=mark))
+            span = max(r.started + (r.total_s or 0) for r in busy) - min(r.started for r in busy)
+            held = service_seconds + total_overhead
+            streams = max(1, round(len(busy) / span * held))
+            model = ServiceModel(
+                slots=streams,
+                rtf=held / audio,
+                overhead_s=0.0,
+                first_chunk_s=service_seconds / 4 + first_overhead,
+                first_chunk_per_stream_s=0.0,
+            )
+            agreements = []
+            for rate in rates:
+                mark = time.monotonic()
+                load.set_rate(rate)
+                time.sleep(seconds)
+                load.stop()
+                served = _ok(load.records(since=mark))
+                real = sorted(r.first_chunk_s for r in served if r.first_chunk_s is not None)
+                sim = sorted(simulate_same_arrivals(model, served, audio))
+                agreements.append(
+                    Agreement(
+                        rate_per_s=rate,
+                        seconds=seconds,
+                        requests=len(served),
+                        real_p95_s=quantile(real, 0.95),
+                        sim_p95_s=quantile(sim, 0.95),
+                        real_p50_s=quantile(real, 0.5),
+                        sim_p50_s=quantile(sim, 0.5),
+                    )
+                )
+    return Calibration(
+        service_seconds=service_seconds,
+        instances=instances,
+        streams=streams,
+        first_chunk_overhead_s=first_overhead,
+        total_overhead_s=total_overhead,
+        audio_s=audio,
+        rtf=held / audio,
+        model=model,
+        agreements=tuple(agreements),
+    )
