@@ -138,16 +138,7 @@ def builder_args(identity: EngineIdentity) -> list[str]:
         ]
     args = [
         "build",
-        "--key",
-        identity.key,
-        "--cache-dir",
-        CACHE_MOUNT,
-        "--variant",
-        identity.variant,
-        "--model-uri",
-        identity.model_uri,
-        "--revision",
-        identity.revision,
+        *common,
         "--precision",
         identity.precision,
         "--tensor-parallel-size",
