@@ -62,6 +62,34 @@ def point(raw: dict[str, Any], slo_ms: float) -> dict[str, Any]:
     }
 
 
+def multi_gpu(points: list[dict[str, Any]], memory_floor_gib: float = 1.0) -> dict[str, Any]:
+    """Issue 13's summary: the best goodput with one GPU per pod and with two (same serving
+    fields otherwise), how many GPUs held instances (device memory above ``memory_floor_gib``
+    in Triton's per-GPU metrics while the two-GPU pod served), and the failed requests."""
+
+    def best(gpus: int) -> dict[str, Any] | None:
+        mine = [p for p in points if p["params"].get("gpus", 1) == gpus]
+        return max(mine, key=lambda p: p["goodput_rps"], default=None)
+
+    one, two = best(1), best(2)
+    used: set[str] = set()
+    for step in (two or {}).get("steps", []):
+        for uuid, gpu in (step.get("per_gpu") or {}).items():
+            if (gpu.get("memory_max_gib") or 0) > memory_floor_gib:
+                used.add(uuid)
+    one_rps = one["goodput_rps"] if one else 0.0
+    two_rps = two["goodput_rps"] if two else 0.0
+    return {
+        "one_gpu_goodput_rps": one_rps,
+        "two_gpu_goodput_rps": two_rps,
+        "ratio": round(two_rps / one_rps, 3) if one_rps else None,
+        "gpus_with_instances": len(used),
+        "errors": sum(s["errors"] for p in points for s in p.get("steps", [])),
+        "one_gpu_point": one["name"] if one else None,
+        "two_gpu_point": two["name"] if two else None,
+    }
+
+
 def plot(points: list[dict[str, Any]], choice: str, out: Path, device: str) -> None:
     import matplotlib
 
@@ -105,10 +133,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw", type=Path, help="a sweep.py output")
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu-sweep.json")
+    parser.add_argument(
+        "--multi-gpu", action="store_true", help="issue 13: write results/multi-gpu.json instead"
+    )
     args = parser.parse_args()
     raw = json.loads(args.raw.read_text())
     slo = float(raw["slo_first_chunk_ms"])
     points = [point(p, slo) for p in raw["points"]]
+    if args.multi_gpu:
+        out = args.out if args.out != RESULTS / "gpu-sweep.json" else RESULTS / "multi-gpu.json"
+        summary = {"device": raw["device"], **multi_gpu(points), "points": points}
+        out.write_text(json.dumps(summary, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in summary.items() if k != "points"}))
+        return 0
     wanted = operator_choice()
     chosen = next((p for p in points if p["params"] == wanted), None)
     best = max(points, key=lambda p: p["goodput_rps"])
