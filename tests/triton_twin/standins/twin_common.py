@@ -1,0 +1,68 @@
+"""What the CPU twin's two orchestrator stand-ins (``cosyvoice2``, ``cosyvoice3``) share.
+
+Triton loads each model's ``model.py`` on its own; ``cpu_twin.write_repository`` copies this
+module beside each stand-in (into the model's version directory, which is on the stub's
+``sys.path``), so both import it as ``twin_common``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
+
+FIRST_HOP_TOKENS = 15
+LOOKAHEAD_TOKENS = 3
+TOKEN_RATE = 25
+MAX_TOKENS = 750
+MEL_BINS = 80
+
+
+def host_array(tensor: Any) -> Any:
+    """The tensor as NumPy; it must be in host memory (input policy or preferred_memory)."""
+    if not tensor.is_cpu():
+        raise pb_utils.TritonModelException(f"tensor {tensor.name()} is in device memory")
+    return tensor.as_numpy()
+
+
+class Pace:
+    """The service time the closed-loop harness asks for (a test seam, read at load time).
+
+    ``COSYVOICE_TWIN_SERVICE_SECONDS``: each request holds its orchestrator instance at least
+    this long; ``COSYVOICE_TWIN_FIRST_CHUNK_SECONDS`` (default a quarter of it) of that
+    passes before its first audio. Unset: as fast as the stand-ins go.
+    """
+
+    def __init__(self) -> None:
+        self.total = float(os.environ.get("COSYVOICE_TWIN_SERVICE_SECONDS") or 0)
+        first = os.environ.get("COSYVOICE_TWIN_FIRST_CHUNK_SECONDS")
+        self.first = min(self.total, float(first) if first else self.total / 4)
+
+    @staticmethod
+    def wait(start: float, seconds: float) -> None:
+        """Sleep until ``seconds`` after ``start`` (a ``time.monotonic()``), if not past."""
+        left = start + seconds - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+
+
+class Chunking:
+    """The chunk schedule from the orchestrator's parameters, as the operator renders them:
+    ``token_hop_len`` (the first chunk's tokens; upstream's 15 when absent) and
+    ``dynamic_chunk_strategy``: ``exponential`` (later hops 25 x 2^k), ``equal`` (every hop
+    the first's). ``time_based`` sizes hops from measured synthesis speed upstream; on a CPU
+    twin that speed means nothing, so the stand-in follows ``exponential`` for it.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.first = int(params.get("token_hop_len") or FIRST_HOP_TOKENS)
+        self.strategy = params.get("dynamic_chunk_strategy") or "exponential"
+
+    def next_hop(self, index: int) -> int:
+        """The hop after chunk ``index`` (0 for the first)."""
+        if self.strategy == "equal":
+            return self.first
+        return int(TOKEN_RATE * 2**index)  # upstream's "exponential" strategy
