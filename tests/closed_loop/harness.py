@@ -180,14 +180,7 @@ class Prometheus:
         raise TimeoutError(f"prometheus not ready after {ready_timeout:.0f}s:\n{self.log_tail()}")
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        cpu_twin.stop_process(self.process)
 
     def restart(self) -> Prometheus:
         self.stop()
