@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
@@ -66,3 +67,31 @@ class Chunking:
         if self.strategy == "equal":
             return self.first
         return int(TOKEN_RATE * 2**index)  # upstream's "exponential" strategy
+
+
+def execute_all(
+    requests: list[Any],
+    decoupled: bool,
+    offline: Callable[[Any], Any],
+    stream: Callable[[Any], None],
+) -> list[Any] | None:
+    """An orchestrator's ``execute``, as upstream's runs it: one request after another (a
+    stream holds the instance until it ends); an exception becomes that request's error
+    response (the final one of a stream)."""
+    if not decoupled:
+        responses = []
+        for request in requests:
+            try:
+                responses.append(offline(request))
+            except Exception as exc:  # reported to the client
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
+        return responses
+    for request in requests:
+        try:
+            stream(request)
+        except Exception as exc:  # reported to the client
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+    return None

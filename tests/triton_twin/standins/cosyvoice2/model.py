@@ -32,6 +32,7 @@ from twin_common import (  # type: ignore[import-not-found]  # copied beside it
     MEL_BINS,
     Chunking,
     Pace,
+    execute_all,
     host_array,
 )
 
@@ -183,23 +184,7 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio)])
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
-        if not self.decoupled:
-            responses = []
-            for request in requests:
-                try:
-                    responses.append(self._offline(request))
-                except Exception as exc:  # reported to the client
-                    responses.append(
-                        pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
-                    )
-            return responses
-        for request in requests:
-            try:
-                self._stream(request)
-            except Exception as exc:  # reported to the client
-                sender = request.get_response_sender()
-                sender.send(
-                    pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-                )
-        return None
+        answered: list[Any] | None = execute_all(
+            requests, self.decoupled, self._offline, self._stream
+        )
+        return answered
