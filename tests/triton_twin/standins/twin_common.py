@@ -1,8 +1,9 @@
-"""What the CPU twin's two orchestrator stand-ins (``cosyvoice2``, ``cosyvoice3``) share.
+"""What the CPU twin's stand-ins share: every one reads tensors with :func:`host_array`; the
+two orchestrators (``cosyvoice2``, ``cosyvoice3``) share the rest.
 
 Triton loads each model's ``model.py`` on its own; ``cpu_twin.write_repository`` copies this
 module beside each stand-in (into the model's version directory, which is on the stub's
-``sys.path``), so both import it as ``twin_common``.
+``sys.path``), so they import it as ``twin_common``.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ MEL_BINS = 80
 
 
 def host_array(tensor: Any) -> Any:
-    """The tensor as NumPy; it must be in host memory (input policy or preferred_memory)."""
+    """The tensor as NumPy. It must be in host memory: a model's inputs are, by the rendered
+    FORCE_CPU_ONLY_INPUT_TENSORS; a BLS response is, by the caller's preferred_memory."""
     if not tensor.is_cpu():
-        raise pb_utils.TritonModelException(f"tensor {tensor.name()} is in device memory")
+        raise pb_utils.TritonModelException(f"{tensor.name()} is in device memory, not host")
     return tensor.as_numpy()
 
 
