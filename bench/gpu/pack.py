@@ -121,8 +121,6 @@ def repository(params: dict[str, Any], root: Path) -> dict[str, str]:
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(out[name])
         shutil.copy(code, root / name / "1" / "model.py")
-        if name == "cosyvoice2":  # the twin's orchestrator imports its shared module
-            shutil.copy(TWIN / "twin_common.py", root / name / "1" / "twin_common.py")
     return out
 
 

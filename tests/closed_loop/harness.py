@@ -180,7 +180,14 @@ class Prometheus:
         raise TimeoutError(f"prometheus not ready after {ready_timeout:.0f}s:\n{self.log_tail()}")
 
     def stop(self) -> None:
-        cpu_twin.stop_process(self.process)
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
 
     def restart(self) -> Prometheus:
         self.stop()

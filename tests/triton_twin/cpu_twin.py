@@ -67,25 +67,15 @@ def to_cpu(repository: Mapping[str, str]) -> dict[str, str]:
     return twin
 
 
-# The orchestrator stand-ins' shared module, copied beside each stand-in's model.py.
-SHARED_MODULE = STANDINS / "twin_common.py"
-
-
-def install_standin(name: str, version_dir: Path) -> None:
-    """``version_dir/model.py``, the stand-in of model ``name``, and the module it may import."""
-    standin = STANDINS / name / "model.py"
-    if not standin.is_file():
-        raise FileNotFoundError(f"no stand-in for model {name!r}: expected {standin}")
-    shutil.copy(standin, version_dir / "model.py")
-    shutil.copy(SHARED_MODULE, version_dir / SHARED_MODULE.name)
-
-
 def write_repository(repository: Mapping[str, str], root: Path) -> Path:
     """``root/<model>/config.pbtxt`` and ``root/<model>/1/model.py`` (the stand-in)."""
     for name, text in repository.items():
+        standin = STANDINS / name / "model.py"
+        if not standin.is_file():
+            raise FileNotFoundError(f"no stand-in for model {name!r}: expected {standin}")
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(text)
-        install_standin(name, root / name / "1")
+        shutil.copy(standin, root / name / "1" / "model.py")
     return root
 
 
@@ -125,18 +115,6 @@ def _python_backend(into: Path) -> Path:
     shutil.copy(stub, python / "triton_python_backend_stub")
     (python / "triton_python_backend_stub").chmod(0o755)
     return into
-
-
-def stop_process(process: subprocess.Popen[bytes] | None) -> None:
-    """Terminate a child server and wait for it (20 s), then kill it; nothing if it ended."""
-    if process is None or process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
 
 
 def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
@@ -215,7 +193,14 @@ class TritonServer:
         raise TimeoutError(f"tritonserver not ready after {ready_timeout:.0f}s:\n{self.log_tail()}")
 
     def stop(self) -> None:
-        stop_process(self.process)
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
 
     def log_tail(self, lines: int = 60) -> str:
         try:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,8 +73,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cpu_twin.Triton
     twin = cpu_twin.to_cpu(rendered)
     repo = work / "repo"
     for name, text in twin.items():
-        shutil.copytree(work / "as-packed" / name / "1", repo / name / "1")
+        (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(text)
+        model = work / "as-packed" / name / "1" / "model.py"
+        (repo / name / "1" / "model.py").write_bytes(model.read_bytes())
     env = {
         "COSYVOICE_STANDIN_PATH": f"{GPU / 'standins'}:{DEBIAN_SITE}",
         "COSYVOICE_STANDIN_SIZE": "tiny",

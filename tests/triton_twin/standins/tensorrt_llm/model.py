@@ -20,13 +20,19 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
-from twin_common import host_array  # type: ignore[import-not-found]  # copied beside it
 
 ORIGINAL_VOCAB_SIZE = 151663
 TOKENS_PER_TEXT_TOKEN = 3
 MIN_TOKENS = 20
 TOKENS_PER_STEP = 3
 STEP_SECONDS = 0.002
+
+
+def host_array(tensor: Any) -> Any:
+    """The tensor as NumPy; FORCE_CPU_ONLY_INPUT_TENSORS must have put it in host memory."""
+    if not tensor.is_cpu():
+        raise pb_utils.TritonModelException(f"input {tensor.name()} arrived in device memory")
+    return tensor.as_numpy()
 
 
 def scalar(request: Any, name: str, default: Any) -> Any:

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
-from twin_common import host_array  # type: ignore[import-not-found]  # copied beside it
 
 SAMPLE_RATE = 24000
 SAMPLES_PER_TOKEN = SAMPLE_RATE // 25
@@ -34,6 +33,13 @@ MEL_BINS = 80
 LOOKAHEAD_TOKENS = 3
 TONE_HZ = 440.0
 WORK_SECONDS = 0.003
+
+
+def host_array(tensor: Any) -> Any:
+    """The tensor as NumPy; FORCE_CPU_ONLY_INPUT_TENSORS must have put it in host memory."""
+    if not tensor.is_cpu():
+        raise pb_utils.TritonModelException(f"input {tensor.name()} arrived in device memory")
+    return tensor.as_numpy()
 
 
 def tone(first_sample: int, count: int) -> Any:
