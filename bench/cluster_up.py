@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cosyvoice_operator.localcluster.cluster import COMPONENTS, LocalCluster, State
+from cosyvoice_operator.devtools.localcluster.cluster import COMPONENTS, LocalCluster, State
 
 CLI = [sys.executable, "-m", "cosyvoice_operator", "cluster"]
 

@@ -39,9 +39,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from cosyvoice_operator import buildjob, engine, spec
-from cosyvoice_operator.localcluster import LocalCluster
-from cosyvoice_operator.localcluster.binaries import kubectl_path
+from cosyvoice_operator.api import engine, spec
+from cosyvoice_operator.devtools.localcluster import LocalCluster
+from cosyvoice_operator.devtools.localcluster.binaries import kubectl_path
+from cosyvoice_operator.render import buildjob
 
 REPO = Path(__file__).resolve().parents[1]
 PRODUCT = "NVIDIA-H100-80GB-HBM3"

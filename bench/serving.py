@@ -41,7 +41,8 @@ from control_loop import (
     wait,
 )
 
-from cosyvoice_operator import buildjob, engine, spec, workloads
+from cosyvoice_operator.api import engine, spec
+from cosyvoice_operator.render import buildjob, workloads
 
 WRITES = ("POST", "PATCH", "APPLY", "DELETE")
 MINE = {"cosyvoiceservices/status", "deployments", "services", "poddisruptionbudgets",

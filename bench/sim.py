@@ -20,8 +20,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from cosyvoice_operator.sim import experiment as ex
-from cosyvoice_operator.sim.command import default_trace
+from cosyvoice_operator.devtools.sim import experiment as ex
+from cosyvoice_operator.devtools.sim.command import default_trace
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -37,7 +37,7 @@ def write(result: ex.Result, out: Path, elapsed: float | None) -> None:
     (out / "sim.md").write_text(ex.markdown(result) + "\n")
     print(text)
     try:
-        from cosyvoice_operator.sim.plot import PlotError, draw
+        from cosyvoice_operator.devtools.sim.plot import PlotError, draw
 
         draw(result, out / "sim.png")
     except PlotError as exc:

@@ -1,4 +1,4 @@
-"""Shared fixtures. ``cluster`` is a real local control plane (cosyvoice_operator.localcluster)."""
+"""Shared fixtures. ``cluster`` is a real local control plane (devtools.localcluster)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cosyvoice_operator.localcluster import LocalCluster
-from cosyvoice_operator.localcluster.binaries import kubectl_path
+from cosyvoice_operator.devtools.localcluster import LocalCluster
+from cosyvoice_operator.devtools.localcluster.binaries import kubectl_path
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO / "crds"

@@ -3,7 +3,7 @@
 - ``triton.tar.xz``: the ``tritonserver`` of the nvidia-pytriton wheel, repacked as
   ``../shared/docs/gpu.md`` says (bin, backends with the Python 3.12 stub, caches, libs);
 - ``repos/<point>/``: for every sweep point, the model repository the operator renders
-  (``cosyvoice_operator.triton.render_repository``) for a CosyVoice2 service with that
+  (``cosyvoice_operator.render.triton.render_repository``) for a CosyVoice2 service with that
   point's serving fields, each model's code being its GPU stand-in (``bench/gpu/standins``;
   the orchestrator is the CPU twin's, it runs on the CPU in the rendered config too) and
   ``tensorrt_llm``'s backend switched to ``python`` (the one change, as in the CPU twin);
@@ -28,8 +28,8 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from cosyvoice_operator import spec as specs
-from cosyvoice_operator import triton
+from cosyvoice_operator.api import spec as specs
+from cosyvoice_operator.render import triton
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

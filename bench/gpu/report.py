@@ -6,7 +6,7 @@ A point's goodput at SLO is the good requests per second (first chunk within the
 error) of the highest load step that met the SLO (p95 first chunk within the target, failed
 requests counted as misses; ``loadgen.meets_slo``). The operator's choice is the point whose
 serving fields are what the operator renders for a default CosyVoice2 service
-(``cosyvoice_operator.triton.orchestrator_instances`` and the CRD's defaults).
+(``cosyvoice_operator.render.triton.orchestrator_instances`` and the CRD's defaults).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen
 import pack
 
-from cosyvoice_operator import spec, triton
+from cosyvoice_operator.api import spec
+from cosyvoice_operator.render import triton
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

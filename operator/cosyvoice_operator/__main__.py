@@ -1,3 +1,3 @@
-from cosyvoice_operator.cli import main
+from cosyvoice_operator.cli.main import main
 
 raise SystemExit(main())

@@ -6,7 +6,7 @@ This module gives them one:
 - :class:`PodServers` watches a service's Ready serving pods (``kubectl`` every second, or
   any list of names the caller provides) and runs, for every one, a real ``tritonserver`` on
   loopback serving the CPU twin of the service's model repository (rendered by
-  ``cosyvoice_operator.triton`` and turned CPU by ``tests.triton_twin.cpu_twin``), whose
+  ``cosyvoice_operator.render.triton`` and turned CPU by ``tests.triton_twin.cpu_twin``), whose
   orchestrator holds each request for a configurable service time. It writes the live
   processes to a Prometheus ``file_sd`` file, labelled ``namespace`` and ``pod`` as a
   Kubernetes scrape config labels real pods, and stops a process when its pod goes.
@@ -52,8 +52,8 @@ from prometheus_api_client import PrometheusConnect
 from tritonclient.grpc import model_config_pb2 as mc
 from urllib3.util.retry import Retry
 
-from cosyvoice_operator import triton
-from cosyvoice_operator.spec import ServiceSpec
+from cosyvoice_operator.api.spec import ServiceSpec
+from cosyvoice_operator.render import triton
 from tests.triton_twin import cpu_twin
 from tests.triton_twin.test_twin import request_inputs
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cosyvoice_operator import triton
+from cosyvoice_operator.render import triton
 from tests.closed_loop.harness import (
     LoadGenerator,
     PodServers,

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from cosyvoice_operator.spec import parse
+from cosyvoice_operator.api.spec import parse
 from tests.closed_loop.harness import LoadGenerator, PodServers, Prometheus, ready_pods
 from tests.conftest import Cluster
 from tests.integration.operator_process import (

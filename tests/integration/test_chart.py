@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cosyvoice_operator.localcluster import binaries
+from cosyvoice_operator.devtools.localcluster import binaries
 from tests.conftest import CRD_DIR, REPO, Cluster
 from tests.integration.operator_process import OperatorProcess, cache_claim, get_json, wait_for
 
@@ -310,7 +310,7 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
         "COSYVOICE_ALLOWED_IMAGE_PREFIXES": "registry.example/,nvcr.io/nvidia/tritonserver:",
     }
     # And the operator accepts them as they are.
-    from cosyvoice_operator import config
+    from cosyvoice_operator.shell import config
 
     loaded = config.load(env)
     assert loaded.build.backoff_limit == 0 and loaded.build.active_deadline_seconds == 1000000

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cosyvoice_operator.localcluster import ClusterError, LocalCluster, pki
-from cosyvoice_operator.localcluster.cluster import COMPONENTS, SERVICE_IP, State, _alive
+from cosyvoice_operator.devtools.localcluster import ClusterError, LocalCluster, pki
+from cosyvoice_operator.devtools.localcluster.cluster import COMPONENTS, SERVICE_IP, State, _alive
 
 CLI = [sys.executable, "-m", "cosyvoice_operator", "cluster"]
 

@@ -50,9 +50,11 @@ from typing import Any
 import pytest
 import yaml
 
-from cosyvoice_operator import config, render, triton
-from cosyvoice_operator.localcluster import binaries
-from cosyvoice_operator.spec import parse
+from cosyvoice_operator.api.spec import parse
+from cosyvoice_operator.cli import render_command
+from cosyvoice_operator.devtools.localcluster import binaries
+from cosyvoice_operator.render import triton
+from cosyvoice_operator.shell import config
 from tests.closed_loop.harness import LoadGenerator, PodServers, Prometheus, ready_pods
 from tests.conftest import REPO, Cluster
 from tests.integration.operator_process import (
@@ -261,8 +263,10 @@ def test_the_pod_monitor_selects_the_pods_the_operator_renders(helm: Path, tmp_p
     assert one(served, "PodMonitor")["spec"]["namespaceSelector"] == {
         "matchNames": ["tts-a", "tts-b"]
     }
-    body = render.load_service((REPO / "examples" / "cosyvoice3.yaml").read_text(), "example")
-    objects = render.render_service(body, ["NVIDIA-L20"], config.load({}), "tts")
+    body = render_command.load_service(
+        (REPO / "examples" / "cosyvoice3.yaml").read_text(), "example"
+    )
+    objects = render_command.render_service(body, ["NVIDIA-L20"], config.load({}), "tts")
     [deployment] = [o for o in objects if o["kind"] == "Deployment"]
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()

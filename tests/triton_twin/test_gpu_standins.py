@@ -96,7 +96,8 @@ def test_pack_renders_the_operators_repository_with_only_the_llm_backend_changed
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    from cosyvoice_operator import spec, triton
+    from cosyvoice_operator.api import spec
+    from cosyvoice_operator.render import triton
 
     params = {
         "orchestratorPerGpu": 16,

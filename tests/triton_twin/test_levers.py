@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from cosyvoice_operator import spec, triton
+from cosyvoice_operator.api import spec
+from cosyvoice_operator.render import triton
 
 from . import cpu_twin
 from .test_twin import (

@@ -27,7 +27,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
-from cosyvoice_operator import spec, triton
+from cosyvoice_operator.api import spec
+from cosyvoice_operator.render import triton
 
 from . import cpu_twin
 

@@ -11,7 +11,8 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cosyvoice_operator import buildjob, engine, spec
+from cosyvoice_operator.api import engine, spec
+from cosyvoice_operator.render import buildjob
 
 MINIMAL_SPEC: dict[str, Any] = {
     "model": {"variant": "cosyvoice3", "uri": "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512"},

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from cosyvoice_operator import autoscaler
-from cosyvoice_operator.autoscaling import Decision, Fleet, Recommendation
-from cosyvoice_operator.spec import parse
+from cosyvoice_operator.api.spec import parse
+from cosyvoice_operator.autoscaling import evaluation
+from cosyvoice_operator.autoscaling.policy import Decision, Fleet, Recommendation
 
 T0 = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC)
 
@@ -36,7 +36,7 @@ def decision(replicas: int, direction: str, current: int = 2, available: bool = 
 
 
 def obs(latency: float | None = 120.0) -> Any:
-    return autoscaler.unavailable("x", "y", T0).__class__(
+    return evaluation.unavailable("x", "y", T0).__class__(
         time=T0, available=latency is not None, unavailable_reason="", message="",
         queue_latency_ms=latency, pending_requests=0.0, in_flight=1.0, completion_rate=1.0,
         no_traffic=False,
@@ -56,20 +56,20 @@ def pod(name: str, ready: bool, deleting: bool = False) -> dict[str, Any]:
 def test_the_fleet_counts_ready_and_starting_pods_and_the_replicas_in_force() -> None:
     deployments = [{"spec": {"replicas": 2}}, {"spec": {"replicas": 1}}]
     pods = [pod("a", True), pod("b", False), pod("c", True, deleting=True)]
-    assert autoscaler.fleet(deployments, pods) == Fleet(current=3, ready=1, starting=1)
-    assert autoscaler.ready_pod_names(pods) == ["a"]
+    assert evaluation.fleet(deployments, pods) == Fleet(current=3, ready=1, starting=1)
+    assert evaluation.ready_pod_names(pods) == ["a"]
 
 
 def test_the_deployments_follow_the_autoscaler_only_in_active_mode() -> None:
     status = {"autoscaling": {"desiredReplicas": 5}}
-    assert autoscaler.desired_replicas(svc(), status) == 5
-    assert autoscaler.desired_replicas(svc(mode="DryRun"), status) == 2  # spec.replicas
-    assert autoscaler.desired_replicas(svc(), {}) == 2  # before the first decision
-    assert autoscaler.desired_replicas(svc(minReplicas=3), {}) == 3  # within the bounds
+    assert evaluation.desired_replicas(svc(), status) == 5
+    assert evaluation.desired_replicas(svc(mode="DryRun"), status) == 2  # spec.replicas
+    assert evaluation.desired_replicas(svc(), {}) == 2  # before the first decision
+    assert evaluation.desired_replicas(svc(minReplicas=3), {}) == 3  # within the bounds
 
 
 def test_a_scale_up_is_written_with_its_reason_and_one_event_then_a_hold_writes_nothing() -> None:
-    changes, events = autoscaler.status_update({}, svc(), decision(4, "up"), obs(), [], 1, T0)
+    changes, events = evaluation.status_update({}, svc(), decision(4, "up"), obs(), [], 1, T0)
     a = changes["autoscaling"]
     assert a["desiredReplicas"] == 4
     assert a["lastQueueLatencyMilliseconds"] == 120.0
@@ -81,14 +81,14 @@ def test_a_scale_up_is_written_with_its_reason_and_one_event_then_a_hold_writes_
     assert conds["MetricsAvailable"]["reason"] == "MetricsFresh"
     written = {"autoscaling": a, "conditions": changes["conditions"]}
     later = T0 + dt.timedelta(seconds=15)
-    again, more = autoscaler.status_update(
+    again, more = evaluation.status_update(
         written, svc(), decision(4, "hold", 4), obs(125.0), [], 1, later
     )
     assert again == {} and more == []  # 120 -> 125 ms is noise: no write
 
 
 def test_dry_run_reports_and_never_applies() -> None:
-    changes, events = autoscaler.status_update(
+    changes, events = evaluation.status_update(
         {}, svc(mode="DryRun"), decision(4, "up"), obs(), [], 1, T0
     )
     assert changes["autoscaling"]["desiredReplicas"] == 4
@@ -100,13 +100,13 @@ def test_dry_run_reports_and_never_applies() -> None:
     )
     # ... and the Deployments stay at spec.replicas.
     assert (
-        autoscaler.desired_replicas(svc(mode="DryRun"), {"autoscaling": changes["autoscaling"]})
+        evaluation.desired_replicas(svc(mode="DryRun"), {"autoscaling": changes["autoscaling"]})
         == 2
     )
 
 
 def test_missing_metrics_hold_and_say_so_once() -> None:
-    changes, events = autoscaler.status_update(
+    changes, events = evaluation.status_update(
         {}, svc(), decision(2, "hold", available=False), obs(None), [], 1, T0
     )
     conds = {c["type"]: c for c in changes["conditions"]}
@@ -129,13 +129,13 @@ def test_an_hpa_on_the_same_workload_is_a_conflict_reported_not_fought() -> None
         "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "web"}},
     }
     names = {"cvs-tts-sm89"}
-    found = autoscaler.conflicts("tts", svc(), [hpa, on_service, other], names)
+    found = evaluation.conflicts("tts", svc(), [hpa, on_service, other], names)
     assert [c.name for c in found] == ["h", "s"]
     # With its own autoscaler off, an HPA on the service is the scale subresource's purpose.
     assert [
-        c.name for c in autoscaler.conflicts("tts", svc(enabled=False), [on_service], names)
+        c.name for c in evaluation.conflicts("tts", svc(enabled=False), [on_service], names)
     ] == []
-    changes, events = autoscaler.status_update({}, svc(), decision(4, "up"), obs(), found, 1, T0)
+    changes, events = evaluation.status_update({}, svc(), decision(4, "up"), obs(), found, 1, T0)
     assert "desiredReplicas" not in changes["autoscaling"]  # the operator holds
     conds = {c["type"]: c for c in changes["conditions"]}
     assert conds["ScalingConflict"]["status"] == "True"
@@ -149,21 +149,21 @@ def test_an_hpa_on_the_same_workload_is_a_conflict_reported_not_fought() -> None
 def test_an_evaluation_is_counted_and_its_gauges_follow_the_service() -> None:
     from prometheus_client import REGISTRY
 
-    from cosyvoice_operator import operator_metrics
+    from cosyvoice_operator.shell import metrics
 
     def value(name: str, **labels: str) -> float | None:
         found: float | None = REGISTRY.get_sample_value(name, labels)
         return found
 
     before = value("cosyvoice_autoscaler_decisions_total", direction="up", mode="Active") or 0.0
-    operator_metrics.record_evaluation("ml", "tts", "up", "Active", 4, 2, 120.0, "")
+    metrics.record_evaluation("ml", "tts", "up", "Active", 4, 2, 120.0, "")
     assert (
         value("cosyvoice_autoscaler_decisions_total", direction="up", mode="Active") == before + 1
     )
     assert value("cosyvoice_service_desired_replicas", namespace="ml", service="tts") == 4
     assert value("cosyvoice_service_ready_replicas", namespace="ml", service="tts") == 2
     assert value("cosyvoice_service_queue_latency_seconds", namespace="ml", service="tts") == 0.12
-    operator_metrics.record_evaluation("ml", "tts", "hold", "Active", 4, 2, None, "Unreachable")
+    metrics.record_evaluation("ml", "tts", "hold", "Active", 4, 2, None, "Unreachable")
     assert (value("cosyvoice_autoscaler_metrics_unavailable_total", reason="Unreachable") or 0) >= 1
-    operator_metrics.forget("ml", "tts")
+    metrics.forget("ml", "tts")
     assert value("cosyvoice_service_desired_replicas", namespace="ml", service="tts") is None

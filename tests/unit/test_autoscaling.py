@@ -1,4 +1,4 @@
-"""The autoscaling policy (cosyvoice_operator.autoscaling), rule by rule.
+"""The autoscaling policy (cosyvoice_operator.autoscaling.policy), rule by rule.
 
 Each row of a table is one evaluation: the spec, what Prometheus saw, the fleet, the recent
 recommendations, and what the policy must decide and say. The plant in most rows is a pod of
@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from cosyvoice_operator.autoscaling import (
+from cosyvoice_operator.api.spec import AutoscalingSpec, ScaleRule, Schedule, SpecError
+from cosyvoice_operator.autoscaling.policy import (
     Decision,
     Fleet,
     Observation,
@@ -28,7 +29,6 @@ from cosyvoice_operator.autoscaling import (
     queue_seconds,
     schedule_floor,
 )
-from cosyvoice_operator.spec import AutoscalingSpec, ScaleRule, Schedule, SpecError
 
 T0 = dt.datetime(2025, 1, 8, 12, 0, tzinfo=dt.UTC)  # a Wednesday
 SLOTS = 10

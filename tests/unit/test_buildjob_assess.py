@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from cosyvoice_operator import buildjob
-from cosyvoice_operator.buildjob import BuildSettings, EngineState, assess
+from cosyvoice_operator.render import buildjob
+from cosyvoice_operator.render.buildjob import BuildSettings, EngineState, assess
 
 from .objects import CACHE, T0, identity, job, pod, record
 

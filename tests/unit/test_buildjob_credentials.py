@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from cosyvoice_operator import buildjob, engine
-from cosyvoice_operator.buildjob import BuildSettings, credentials_problem, render_job
-from cosyvoice_operator.engine import EngineTarget
+from cosyvoice_operator.api import engine
+from cosyvoice_operator.api.engine import EngineTarget
+from cosyvoice_operator.render import buildjob
+from cosyvoice_operator.render.buildjob import BuildSettings, credentials_problem, render_job
 
 from .objects import CACHE, T0, service
 

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
-from cosyvoice_operator import buildjob, engine, gpus, spec
-from cosyvoice_operator.buildjob import BuildSettings, render_job, render_record
-from cosyvoice_operator.engine import EngineTarget
+from cosyvoice_operator.api import engine, gpus, spec
+from cosyvoice_operator.api.engine import EngineTarget
+from cosyvoice_operator.render import buildjob
+from cosyvoice_operator.render.buildjob import BuildSettings, render_job, render_record
 
 from .objects import CACHE, identity, node, service
 

@@ -7,10 +7,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cosyvoice_operator import buildjob, cleanup, conditions, engine, lifecycle
-from cosyvoice_operator.cleanup import CleanupSettings, plan_cleanup
-from cosyvoice_operator.effects import CreateObject, DeleteObject, PatchObject
-from cosyvoice_operator.lifecycle import Policy
+from cosyvoice_operator.api import conditions, engine
+from cosyvoice_operator.api.effects import CreateObject, DeleteObject, PatchObject
+from cosyvoice_operator.plan import cleanup, lifecycle
+from cosyvoice_operator.plan.cleanup import CleanupSettings, plan_cleanup
+from cosyvoice_operator.plan.lifecycle import Policy
+from cosyvoice_operator.render import buildjob
 
 from .objects import CACHE, T0, job, raw_spec, record, service
 from .world import FakeWorld

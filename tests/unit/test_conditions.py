@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cosyvoice_operator import conditions
+from cosyvoice_operator.api import conditions
 
 from .objects import T0
 

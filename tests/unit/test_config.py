@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cosyvoice_operator import config
-from cosyvoice_operator.buildjob import BuildSettings
-from cosyvoice_operator.config import ConfigError, OperatorConfig
+from cosyvoice_operator.render.buildjob import BuildSettings
+from cosyvoice_operator.shell import config
+from cosyvoice_operator.shell.config import ConfigError, OperatorConfig
 
 
 def test_defaults_from_an_empty_environment() -> None:

@@ -6,9 +6,11 @@ import asyncio
 import copy
 from typing import Any, cast
 
-from cosyvoice_operator import buildjob, cleanup, controller, lifecycle
-from cosyvoice_operator.controller import Controller, Settings
-from cosyvoice_operator.kube import Kube
+from cosyvoice_operator.plan import cleanup, lifecycle
+from cosyvoice_operator.render import buildjob
+from cosyvoice_operator.shell import controller
+from cosyvoice_operator.shell.controller import Controller, Settings
+from cosyvoice_operator.shell.kube import Kube
 
 from .objects import node
 

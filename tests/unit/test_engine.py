@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from cosyvoice_operator import engine, gpus, spec
-from cosyvoice_operator.engine import EngineIdentity
+from cosyvoice_operator.api import engine, gpus, spec
+from cosyvoice_operator.api.engine import EngineIdentity
 from tests.precision_cases import KV_CACHE_ARCH_CASES, PRECISION_ARCH_CASES
 
 from .objects import identity, node, raw_spec, service

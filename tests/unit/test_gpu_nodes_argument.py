@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cosyvoice_operator.localcluster import ClusterError, parse_gpu_nodes
+from cosyvoice_operator.devtools.localcluster import ClusterError, parse_gpu_nodes
 
 
 def test_products_and_counts() -> None:

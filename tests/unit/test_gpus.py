@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from cosyvoice_operator import gpus
-from cosyvoice_operator.gpus import GPUNode, UnknownGPUProduct, architecture
+from cosyvoice_operator.api import gpus
+from cosyvoice_operator.api.gpus import GPUNode, UnknownGPUProduct, architecture
 
 from .objects import node
 

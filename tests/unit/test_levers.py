@@ -14,11 +14,13 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from cosyvoice_operator import buildjob, engine, lifecycle, spec, status, triton, workloads
-from cosyvoice_operator.cli import main
-from cosyvoice_operator.effects import ApplyObject, CreateObject
-from cosyvoice_operator.lifecycle import Policy, reconcile_service
-from cosyvoice_operator.workloads import ArchServing, ServingSettings
+from cosyvoice_operator.api import engine, spec
+from cosyvoice_operator.api.effects import ApplyObject, CreateObject
+from cosyvoice_operator.cli.main import main
+from cosyvoice_operator.plan import lifecycle, status
+from cosyvoice_operator.plan.lifecycle import Policy, reconcile_service
+from cosyvoice_operator.render import buildjob, triton, workloads
+from cosyvoice_operator.render.workloads import ArchServing, ServingSettings
 
 from .objects import CACHE, T0, job, raw_spec, record, service
 from .world import FakeWorld

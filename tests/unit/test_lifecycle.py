@@ -6,9 +6,11 @@ import copy
 import datetime as dt
 from typing import Any
 
-from cosyvoice_operator import buildjob, engine, lifecycle
-from cosyvoice_operator.effects import PostEvent
-from cosyvoice_operator.lifecycle import Policy, Step, reconcile_service
+from cosyvoice_operator.api import engine
+from cosyvoice_operator.api.effects import PostEvent
+from cosyvoice_operator.plan import lifecycle
+from cosyvoice_operator.plan.lifecycle import Policy, Step, reconcile_service
+from cosyvoice_operator.render import buildjob
 
 from .objects import CACHE, T0, job, pod, raw_spec, record, service
 from .world import FakeWorld

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from cosyvoice_operator import logs
+from cosyvoice_operator.shell import logs
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ import pytest
 import requests
 from prometheus_api_client.exceptions import PrometheusApiClientException
 
-from cosyvoice_operator import metrics_source as ms
-from cosyvoice_operator.metrics_source import PrometheusSource, Sample
+from cosyvoice_operator.shell import prometheus_source as ms
+from cosyvoice_operator.shell.prometheus_source import PrometheusSource, Sample
 from tests.triton_twin.cpu_twin import free_ports
 
 URL = "http://prometheus.monitoring:9090"

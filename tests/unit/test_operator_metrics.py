@@ -11,9 +11,10 @@ from typing import Any, cast
 import pytest
 from prometheus_client import REGISTRY, generate_latest
 
-from cosyvoice_operator import cleanup, controller, lifecycle, operator_metrics
-from cosyvoice_operator.controller import Controller, Settings
-from cosyvoice_operator.kube import Kube, KubeError
+from cosyvoice_operator.plan import cleanup, lifecycle
+from cosyvoice_operator.shell import controller, metrics
+from cosyvoice_operator.shell.controller import Controller, Settings
+from cosyvoice_operator.shell.kube import Kube, KubeError
 
 
 def value(name: str, **labels: str) -> float:
@@ -64,15 +65,15 @@ def test_a_build_job_is_counted_once_when_it_ends_live_not_when_relisted() -> No
     count = value("cosyvoice_engine_build_duration_seconds_count", outcome="succeeded")
     total = value("cosyvoice_engine_build_duration_seconds_sum", outcome="succeeded")
     # A restart lists Jobs that finished long ago: (None, finished) is not an end seen live.
-    assert operator_metrics.build_finished(None, job(COMPLETE)) is None
+    assert metrics.build_finished(None, job(COMPLETE)) is None
     # Running -> running, and finished -> finished (a later update): nothing.
-    assert operator_metrics.build_finished(job(), job()) is None
-    assert operator_metrics.build_finished(job(COMPLETE), job(COMPLETE)) is None
-    assert operator_metrics.build_finished(job(), job(COMPLETE)) == ("succeeded", 2550.0)
-    assert operator_metrics.build_finished(job(), job(FAILED)) == ("failed", 5.0)
+    assert metrics.build_finished(job(), job()) is None
+    assert metrics.build_finished(job(COMPLETE), job(COMPLETE)) is None
+    assert metrics.build_finished(job(), job(COMPLETE)) == ("succeeded", 2550.0)
+    assert metrics.build_finished(job(), job(FAILED)) == ("failed", 5.0)
     # A condition that is not True is no end.
     not_yet = [{**FAILED[0], "status": "False"}]
-    assert operator_metrics.build_finished(job(), job(not_yet)) is None
+    assert metrics.build_finished(job(), job(not_yet)) is None
 
     c = Controller(
         cast(Kube, object()), ("ml",), Settings(lifecycle.Policy(), cleanup.CleanupSettings())
@@ -103,17 +104,17 @@ def test_a_build_job_is_counted_once_when_it_ends_live_not_when_relisted() -> No
     ],
 )
 def test_engine_states_tell_a_retry_from_a_give_up(entry: dict[str, Any], state: str) -> None:
-    counts = operator_metrics.engine_states([entry, {"key": "r", "state": "Ready"}])
+    counts = metrics.engine_states([entry, {"key": "r", "state": "Ready"}])
     assert counts[state] == 1 + (state == "Ready")
     assert sum(counts.values()) == 2
-    assert set(counts) == set(operator_metrics.ENGINE_STATES)
+    assert set(counts) == set(metrics.ENGINE_STATES)
 
 
 def test_a_services_series_go_with_it() -> None:
     status = {"engines": [{"key": "k", "state": "Failed"}, {"key": "j", "state": "Ready"}]}
-    operator_metrics.record_engines("ml", "gone", status)
-    operator_metrics.record_autoscaling_spec("ml", "gone", 250.0, 1, 3, 2)
-    operator_metrics.record_evaluation("ml", "gone", "hold", "Active", 3, 3, None, "NoData")
+    metrics.record_engines("ml", "gone", status)
+    metrics.record_autoscaling_spec("ml", "gone", 250.0, 1, 3, 2)
+    metrics.record_evaluation("ml", "gone", "hold", "Active", 3, 3, None, "NoData")
     assert value("cosyvoice_service_engines", namespace="ml", service="gone", state="GaveUp") == 1
     assert value("cosyvoice_service_engines", namespace="ml", service="gone", state="Ready") == 1
     assert value("cosyvoice_service_engines", namespace="ml", service="gone", state="Pending") == 0
@@ -122,7 +123,7 @@ def test_a_services_series_go_with_it() -> None:
     assert value("cosyvoice_service_max_replicas", **labels) == 3
     assert value("cosyvoice_service_scaling_conflict", **labels) == 2
     assert value("cosyvoice_service_metrics_available", **labels) == 0
-    operator_metrics.forget_service("ml", "gone")
+    metrics.forget_service("ml", "gone")
     text = generate_latest(REGISTRY).decode()
     assert 'service="gone"' not in text
 
@@ -134,8 +135,8 @@ def test_passes_are_counted_by_kind_and_outcome() -> None:
     before = value("cosyvoice_reconciles_total", kind="service", outcome="retry")
     seen = value("cosyvoice_reconcile_duration_seconds_count", kind="autoscale")
     under, at = bucket("0.25"), bucket("0.5")
-    operator_metrics.record_pass("svc", "retry", 0.02)
-    operator_metrics.record_pass("scale", "success", 0.4)
+    metrics.record_pass("svc", "retry", 0.02)
+    metrics.record_pass("scale", "success", 0.4)
     assert value("cosyvoice_reconciles_total", kind="service", outcome="retry") == before + 1
     assert value("cosyvoice_reconcile_duration_seconds_count", kind="autoscale") == seen + 1
     assert bucket("0.25") == under and bucket("0.5") == at + 1
@@ -211,4 +212,4 @@ def test_api_requests_are_counted_by_verb_resource_and_outcome(kube: Kube) -> No
     ("status", "outcome"), [(0, "error"), (200, "2xx"), (201, "2xx"), (404, "4xx"), (503, "5xx")]
 )
 def test_outcome_of_status(status: int, outcome: str) -> None:
-    assert operator_metrics.outcome_of_status(status) == outcome
+    assert metrics.outcome_of_status(status) == outcome

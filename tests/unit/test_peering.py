@@ -6,7 +6,7 @@ import datetime as dt
 import random
 from typing import Any
 
-from cosyvoice_operator import peering
+from cosyvoice_operator.plan import peering
 
 NOW = dt.datetime(2026, 12, 3, 12, 0, 0, tzinfo=dt.UTC)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cosyvoice_operator.cli import main
+from cosyvoice_operator.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 

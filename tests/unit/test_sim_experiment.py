@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from cosyvoice_operator.cli import main
-from cosyvoice_operator.sim import trace
-from cosyvoice_operator.sim.experiment import Summary, select
+from cosyvoice_operator.cli.main import main
+from cosyvoice_operator.devtools.sim import trace
+from cosyvoice_operator.devtools.sim.experiment import Summary, select
 
 
 def write_trace(path: Path, minutes: float, rate: float, seed: int = 3) -> Path:

@@ -1,4 +1,4 @@
-"""The simulator's HPA (cosyvoice_operator.sim.hpa) against the algorithm Kubernetes documents.
+"""The simulator's HPA (devtools.sim.hpa) against the algorithm Kubernetes documents.
 
 Each row is a worked example of the documented rules: ``ceil(current * metric / target)``,
 the 0.1 tolerance, missing metrics counted at the target on a scale-down and at 0 on a
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from cosyvoice_operator.sim.hpa import (
+from cosyvoice_operator.devtools.sim.hpa import (
     DEFAULT_SCALE_DOWN,
     DEFAULT_SCALE_UP,
     Hpa,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cosyvoice_operator.sim.kpa import Kpa, KpaConfig
-from cosyvoice_operator.sim.plant import Plant, Prometheus, PrometheusModel, ServiceModel
+from cosyvoice_operator.devtools.sim.kpa import Kpa, KpaConfig
+from cosyvoice_operator.devtools.sim.plant import Plant, Prometheus, PrometheusModel, ServiceModel
 
 ONE_SECOND = ServiceModel(slots=1, rtf=1.0, overhead_s=0.0, first_chunk_s=0.2)
 

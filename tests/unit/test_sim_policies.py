@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from cosyvoice_operator import autoscaling
-from cosyvoice_operator.sim import policies, trace
-from cosyvoice_operator.sim.engine import SimConfig, simulate
-from cosyvoice_operator.sim.plant import PrometheusModel, ServiceModel
+from cosyvoice_operator.autoscaling import policy
+from cosyvoice_operator.devtools.sim import policies, trace
+from cosyvoice_operator.devtools.sim.engine import SimConfig, simulate
+from cosyvoice_operator.devtools.sim.plant import PrometheusModel, ServiceModel
 
 # Small pods so that a few requests per second need several of them: 4 slots, 4 s streams.
 MODEL = ServiceModel(
@@ -45,14 +45,14 @@ def poisson(rates: list[tuple[float, float]], seed: int = 1, name: str = "t") ->
 def test_our_policy_is_the_operators_module_called_unchanged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls: list[autoscaling.Observation] = []
-    real = autoscaling.decide
+    calls: list[policy.Observation] = []
+    real = policy.decide
 
-    def spy(*args: object, **kwargs: object) -> autoscaling.Decision:
+    def spy(*args: object, **kwargs: object) -> policy.Decision:
         calls.append(args[1])  # type: ignore[arg-type]
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(autoscaling, "decide", spy)
+    monkeypatch.setattr(policy, "decide", spy)
     outcome = simulate(
         poisson([(900.0, 2.0)]), policies.make("cosyvoice", AUTOSCALERS["cosyvoice"]), CONFIG
     )

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from cosyvoice_operator import spec
-from cosyvoice_operator.spec import SpecError
+from cosyvoice_operator.api import spec
+from cosyvoice_operator.api.spec import SpecError
 from tests.api_defaults import stored_minimal_spec
 
 from .objects import MINIMAL_SPEC, raw_spec

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from cosyvoice_operator import status
-from cosyvoice_operator.buildjob import EngineState
-from cosyvoice_operator.engine import EnginePlan, EngineTarget, RejectedProduct
-from cosyvoice_operator.gpus import UnknownGPUProduct
-from cosyvoice_operator.status import Blocker
+from cosyvoice_operator.api.engine import EnginePlan, EngineTarget, RejectedProduct
+from cosyvoice_operator.api.gpus import UnknownGPUProduct
+from cosyvoice_operator.plan import status
+from cosyvoice_operator.plan.status import Blocker
+from cosyvoice_operator.render.buildjob import EngineState
 
 from .objects import T0, identity
 

@@ -18,7 +18,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from cosyvoice_engine_builder import layout as builder_layout
-from cosyvoice_operator import spec, triton
+from cosyvoice_operator.api import spec
+from cosyvoice_operator.render import triton
 
 from .objects import service
 

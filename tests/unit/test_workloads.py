@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from cosyvoice_operator import engine, serving, workloads
-from cosyvoice_operator.buildjob import EngineState
-from cosyvoice_operator.effects import ApplyObject, DeleteObject, PatchObject
-from cosyvoice_operator.workloads import ArchServing, ServingSettings
+from cosyvoice_operator.api import engine
+from cosyvoice_operator.api.effects import ApplyObject, DeleteObject, PatchObject
+from cosyvoice_operator.plan import serving
+from cosyvoice_operator.render import workloads
+from cosyvoice_operator.render.buildjob import EngineState
+from cosyvoice_operator.render.workloads import ArchServing, ServingSettings
 
 from .objects import node, service
 from .world import FakeWorld

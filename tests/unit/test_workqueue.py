@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from cosyvoice_operator.workqueue import WorkQueue
+from cosyvoice_operator.shell.workqueue import WorkQueue
 
 
 class Clock:

@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cosyvoice_operator import buildjob, gpus, workloads
+from cosyvoice_operator.api import gpus
+from cosyvoice_operator.render import buildjob, workloads
 
 from .objects import CACHE, node
 

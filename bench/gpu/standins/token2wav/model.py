@@ -6,7 +6,7 @@ one padded batch through :class:`cv_shapes.Token2Wav` on the instance's own GPU 
 ``model_instance_device_id``); outputs leave as torch tensors by DLPack (NumPy outputs fail
 on GPU instances, ``../shared/docs/gpu.md``), copied to host memory first. It keeps no
 state between chunks (upstream's keeps a vocoder cache per stream in the instance, see
-``cosyvoice_operator.triton``): it
+``cosyvoice_operator.render.triton``): it
 measures compute, not that hazard.
 """
 

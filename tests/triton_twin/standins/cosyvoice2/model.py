@@ -11,7 +11,7 @@ it answers once with the whole audio.
 
 Unlike upstream's it has no tokenizer (a text token per UTF-8 byte) and no torch: it asks
 every BLS response in host memory (``preferred_memory``) and keeps NumPy arrays, the pattern
-the serving image's model code needs (see ``cosyvoice_operator.triton``).
+the serving image's model code needs (see ``cosyvoice_operator.render.triton``).
 
 Service time: see :class:`Pace` (the closed-loop harness sets it; unset, nothing changes).
 """

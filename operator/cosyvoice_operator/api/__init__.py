@@ -1,0 +1,2 @@
+"""The vocabulary: the service spec as typed values, GPU facts, engine identity, conditions,
+and the effects a plan returns. Pure, and imports nothing else of the package."""

@@ -1,0 +1,326 @@
+"""Engine identity and the engine plan of a service (pure).
+
+An engine is named by a content key: a digest over everything that changes its bytes (model
+source and revision, variant, precision, KV-cache type, SmoothQuant options, parallelism,
+limits, builder image, GPU architecture) and nothing else. Serving settings, replicas and
+autoscaling never enter it, so changing them never rebuilds; changing any input does.
+Services that resolve to the same key share one engine.
+
+The fields added after the first release (KV-cache type, SmoothQuant, LLM runtime, artifact)
+enter the key only when they differ from their defaults: an existing spec keeps its key (and
+its built engine) across the upgrade that introduced them.
+
+Three kinds of artifact (``EngineIdentity.artifact``):
+
+- ``engine``: ``spec.model.llmRuntime: tensorrt-llm`` (the default): the TensorRT-LLM engine
+  and the TensorRT plans of the flow estimator and speaker embedding, per GPU architecture.
+- ``plans``: ``llmRuntime: vllm``: only the TensorRT plans, still per GPU architecture; there
+  is no LLM engine, so no LLM option (precision, parallelism, limits) enters its key.
+- ``checkpoint``: ``llmRuntime: vllm``: the release as fetched (the LLM's Hugging Face
+  checkpoint that ``vllm serve`` loads, and the rest of the model directory), with no GPU
+  architecture in its key: one copy serves every GPU. vLLM's own settings (dtype, KV-cache
+  type, tensor parallelism, batch and token limits) are ``vllm serve`` flags in the serving
+  pods, so changing them rolls the pods and rebuilds nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cosyvoice_operator.api import gpus
+from cosyvoice_operator.api.spec import ServiceSpec
+
+# Bump when the meaning of the fields (or the builder's output layout) changes: old engines
+# then get new keys instead of being misread.
+KEY_SCHEMA = "cosyvoice-engine/v1"
+KEY_LENGTH = 40  # hex digits: fits a label value (<= 63) with room, 160 bits
+
+
+@dataclass(frozen=True)
+class EngineIdentity:
+    """The inputs of one engine build."""
+
+    model_uri: str
+    revision: str
+    variant: str
+    precision: str
+    tensor_parallel_size: int
+    max_batch_size: int
+    max_num_tokens: int
+    builder_image: str
+    gpu_arch: str
+    # Added later: in the key only when not at these defaults (see the module docstring).
+    kv_cache_type: str = "auto"
+    # "alpha=0.5,per_token,per_channel" with precision int8-smoothquant, else "".
+    smooth_quant: str = ""
+    llm_runtime: str = "tensorrt-llm"
+    artifact: str = "engine"  # engine | plans | checkpoint
+
+    def canonical(self) -> dict[str, Any]:
+        """The fields the key is taken over: the new ones only where not at their default."""
+        fields = asdict(self)
+        for name, default in _KEY_NEUTRAL.items():
+            if fields[name] == default:
+                del fields[name]
+        return fields
+
+    @property
+    def key(self) -> str:
+        canonical = json.dumps({"schema": KEY_SCHEMA, **self.canonical()}, sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:KEY_LENGTH]
+
+    @property
+    def short_name(self) -> str:
+        """``sm90-<key prefix>`` (``ckpt-<key prefix>`` for an architecture-free checkpoint):
+        readable and unique enough for object names."""
+        return f"{self.gpu_arch.replace('_', '') or 'ckpt'}-{self.key[:20]}"
+
+    @property
+    def has_llm_engine(self) -> bool:
+        return self.artifact == "engine"
+
+
+_KEY_NEUTRAL: dict[str, str] = {
+    "kv_cache_type": "auto",
+    "smooth_quant": "",
+    "llm_runtime": "tensorrt-llm",
+    "artifact": "engine",
+}
+# What a plans-only or checkpoint identity holds in the LLM fields it has no use for.
+NO_LLM_PRECISION = "none"
+
+# The identity's JSON form (build Job annotation, record data): camelCase, the later fields
+# only where not at their default, so the records of existing engines read the same.
+_DICT_NAMES: tuple[tuple[str, str], ...] = (
+    ("model_uri", "modelUri"),
+    ("revision", "revision"),
+    ("variant", "variant"),
+    ("precision", "precision"),
+    ("tensor_parallel_size", "tensorParallelSize"),
+    ("max_batch_size", "maxBatchSize"),
+    ("max_num_tokens", "maxNumTokens"),
+    ("builder_image", "builderImage"),
+    ("gpu_arch", "gpuArch"),
+    ("kv_cache_type", "kvCacheType"),
+    ("smooth_quant", "smoothQuant"),
+    ("llm_runtime", "llmRuntime"),
+    ("artifact", "artifact"),
+)
+
+
+def identity_to_dict(ident: EngineIdentity) -> dict[str, Any]:
+    fields = ident.canonical()
+    return {camel: fields[name] for name, camel in _DICT_NAMES if name in fields}
+
+
+def identity_from_dict(data: Mapping[str, Any]) -> EngineIdentity:
+    """The inverse of :func:`identity_to_dict`; KeyError, ValueError or TypeError if it is not
+    one."""
+    return EngineIdentity(
+        model_uri=str(data["modelUri"]),
+        revision=str(data["revision"]),
+        variant=str(data["variant"]),
+        precision=str(data["precision"]),
+        tensor_parallel_size=int(data["tensorParallelSize"]),
+        max_batch_size=int(data["maxBatchSize"]),
+        max_num_tokens=int(data["maxNumTokens"]),
+        builder_image=str(data["builderImage"]),
+        gpu_arch=str(data["gpuArch"]),
+        kv_cache_type=str(data.get("kvCacheType", "auto")),
+        smooth_quant=str(data.get("smoothQuant", "")),
+        llm_runtime=str(data.get("llmRuntime", "tensorrt-llm")),
+        artifact=str(data.get("artifact", "engine")),
+    )
+
+
+def kv_cache_of(spec: ServiceSpec) -> str:
+    """The KV-cache type as it changes the engine: an fp8 engine's is fp8 already."""
+    kv = spec.engine.kv_cache_type
+    return "auto" if spec.engine.precision == "fp8" and kv == "fp8" else kv
+
+
+def smooth_quant_of(spec: ServiceSpec) -> str:
+    sq = spec.engine.smooth_quant
+    if spec.engine.precision != "int8-smoothquant" or sq is None:
+        return ""
+    parts = [f"alpha={sq.alpha:g}"]
+    if sq.per_token:
+        parts.append("per_token")
+    if sq.per_channel:
+        parts.append("per_channel")
+    return ",".join(parts)
+
+
+def identity(spec: ServiceSpec, gpu_arch: str, default_builder_image: str) -> EngineIdentity:
+    """The per-architecture build: the TensorRT-LLM engine, or with vLLM the plans alone."""
+    builder_image = spec.engine.builder_image or default_builder_image
+    if spec.model.llm_runtime == "vllm":
+        return EngineIdentity(
+            model_uri=spec.model.uri,
+            revision=spec.model.revision,
+            variant=spec.model.variant,
+            precision=NO_LLM_PRECISION,
+            tensor_parallel_size=1,
+            max_batch_size=0,
+            max_num_tokens=0,
+            builder_image=builder_image,
+            gpu_arch=gpu_arch,
+            llm_runtime="vllm",
+            artifact="plans",
+        )
+    return EngineIdentity(
+        model_uri=spec.model.uri,
+        revision=spec.model.revision,
+        variant=spec.model.variant,
+        precision=spec.engine.precision,
+        tensor_parallel_size=spec.engine.tensor_parallel_size,
+        max_batch_size=spec.engine.max_batch_size,
+        max_num_tokens=spec.engine.max_num_tokens,
+        builder_image=builder_image,
+        gpu_arch=gpu_arch,
+        kv_cache_type=kv_cache_of(spec),
+        smooth_quant=smooth_quant_of(spec),
+    )
+
+
+def checkpoint_identity(spec: ServiceSpec, default_builder_image: str) -> EngineIdentity | None:
+    """With vLLM, the fetched release every architecture serves from; None otherwise.
+
+    The builder image stays in the key: the fetch program and the directory layout it
+    writes come from it."""
+    if spec.model.llm_runtime != "vllm":
+        return None
+    return EngineIdentity(
+        model_uri=spec.model.uri,
+        revision=spec.model.revision,
+        variant=spec.model.variant,
+        precision=NO_LLM_PRECISION,
+        tensor_parallel_size=0,
+        max_batch_size=0,
+        max_num_tokens=0,
+        builder_image=spec.engine.builder_image or default_builder_image,
+        gpu_arch="",
+        llm_runtime="vllm",
+        artifact="checkpoint",
+    )
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    """One architecture's engine and the GPU products of the service that use it."""
+
+    identity: EngineIdentity
+    products: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return self.identity.key
+
+
+@dataclass(frozen=True)
+class RejectedProduct:
+    """A GPU product no engine is built for, and why (each is reported, none is guessed)."""
+
+    product: str
+    arch: str  # "" when the product is unknown
+    reason: str  # UnknownGPUProduct | PrecisionUnsupported | KVCacheUnsupported
+    message: str
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    targets: tuple[EngineTarget, ...]
+    rejected: tuple[RejectedProduct, ...]
+    # where the products came from: "spec" (spec.engine.gpuProducts) or "nodes"
+    source: str
+    # vLLM: the architecture-free checkpoint every target serves from (its products: all
+    # of the targets'); None with TensorRT-LLM.
+    checkpoint: EngineTarget | None = None
+
+    @property
+    def product_count(self) -> int:
+        return sum(len(t.products) for t in self.targets) + len(self.rejected)
+
+    @property
+    def builds(self) -> tuple[EngineTarget, ...]:
+        """Everything the service needs built or fetched: the targets, then the checkpoint."""
+        return self.targets + ((self.checkpoint,) if self.checkpoint is not None else ())
+
+
+def eligible_products(spec: ServiceSpec, nodes: Iterable[gpus.GPUNode]) -> list[str]:
+    """GPU products of the Ready nodes that the service's serving pods may be scheduled on."""
+    found: dict[str, None] = {}
+    for node in nodes:
+        if gpus.eligible(
+            node,
+            spec.serving.node_selector,
+            spec.serving.tolerations,
+            spec.serving.affinity,
+            spec.serving.gpus_per_replica,
+        ):
+            found.setdefault(node.product, None)
+    return sorted(found)
+
+
+def plan(
+    spec: ServiceSpec, nodes: Sequence[gpus.GPUNode], default_builder_image: str
+) -> EnginePlan:
+    """One engine per distinct architecture of the products the service may run on."""
+    if spec.engine.gpu_products:
+        products, source = list(spec.engine.gpu_products), "spec"
+    else:
+        products, source = eligible_products(spec, nodes), "nodes"
+    by_arch: dict[str, list[str]] = {}
+    rejected: list[RejectedProduct] = []
+    precision = spec.engine.precision
+    where = (
+        "spec.engine.gpuProducts"
+        if source == "spec"
+        else "the serving pods' nodeSelector or affinity"
+    )
+    for product in products:
+        try:
+            arch = gpus.architecture(product)
+        except gpus.UnknownGPUProduct as exc:
+            rejected.append(RejectedProduct(product, "", "UnknownGPUProduct", str(exc)))
+            continue
+        # Building would burn a GPU for an engine that fails at load (or at build); with
+        # vLLM the same limits hold for what vLLM runs (its dtype, its KV cache).
+        why = gpus.precision_unsupported(precision, arch)
+        if why:
+            rejected.append(
+                RejectedProduct(
+                    product,
+                    arch,
+                    "PrecisionUnsupported",
+                    f"spec.engine.precision {why}: {product} is {arch}. Choose another "
+                    f"precision, or keep {product} out through {where}.",
+                )
+            )
+            continue
+        why = gpus.kv_cache_unsupported(spec.engine.kv_cache_type, arch)
+        if why:
+            rejected.append(
+                RejectedProduct(
+                    product,
+                    arch,
+                    "KVCacheUnsupported",
+                    f"spec.engine.kvCacheType {why}: {product} is {arch}. Choose int8 or "
+                    f"auto, or keep {product} out through {where}.",
+                )
+            )
+            continue
+        by_arch.setdefault(arch, []).append(product)
+    targets = tuple(
+        EngineTarget(identity(spec, arch, default_builder_image), tuple(prods))
+        for arch, prods in sorted(by_arch.items())
+    )
+    checkpoint = None
+    ckpt = checkpoint_identity(spec, default_builder_image)
+    if ckpt is not None and targets:
+        checkpoint = EngineTarget(ckpt, tuple(p for t in targets for p in t.products))
+    return EnginePlan(targets, tuple(rejected), source, checkpoint)

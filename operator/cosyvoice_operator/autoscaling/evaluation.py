@@ -1,0 +1,261 @@
+"""The autoscaler around the policy (pure): what the fleet looks like from the caches, what a
+metrics sample means to the policy, and what a decision writes to the status.
+
+The policy itself is `policy.decide`; the controller fetches the sample (the only I/O)
+and carries out what this module returns.
+
+Status writes are kept few on purpose: an evaluation every 15 s for every service must not
+become a status write every 15 s. `status.autoscaling` is written when the desired count,
+the last decision, or a condition changes, or when the observed queue latency moved by more
+than 10% (and 1 ms) from the value last written; the QUEUE-MS column therefore shows the
+latency as of the last meaningful change, and `lastEvaluationTime` when it was written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cosyvoice_operator.api import conditions
+from cosyvoice_operator.api.spec import ServiceSpec
+from cosyvoice_operator.autoscaling import policy
+from cosyvoice_operator.autoscaling import sample as samples
+from cosyvoice_operator.autoscaling.policy import Decision, Fleet, Observation
+from cosyvoice_operator.autoscaling.sample import Sample
+
+# Unavailable reasons of our own, besides the metrics source's.
+NO_PROMETHEUS = "NoPrometheusURL"
+NO_PODS = "NoReadyPods"
+
+
+def fleet(deployments: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]) -> Fleet:
+    """The replica count in force, the Ready pods, and the pods still starting."""
+    current = sum(int((d.get("spec") or {}).get("replicas") or 0) for d in deployments)
+    ready = starting = 0
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        if is_ready(pod):
+            ready += 1
+        else:
+            starting += 1
+    return Fleet(current=current, ready=ready, starting=starting)
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def ready_pod_names(pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    return sorted(
+        str((p.get("metadata") or {}).get("name"))
+        for p in pods
+        if is_ready(p) and not (p.get("metadata") or {}).get("deletionTimestamp")
+    )
+
+
+def observation(sample: Sample, now: dt.datetime) -> Observation:
+    return Observation(
+        time=now,
+        available=sample.available,
+        unavailable_reason=sample.unavailable_reason,
+        message=sample.message,
+        queue_latency_ms=sample.queue_latency_ms,
+        pending_requests=sample.pending_requests,
+        in_flight=sample.in_flight,
+        completion_rate=sample.completion_rate,
+        no_traffic=sample.no_traffic,
+    )
+
+
+def unavailable(reason: str, message: str, now: dt.datetime) -> Observation:
+    """No data, for a reason of the autoscaler's own (no Prometheus URL, no Ready pod)."""
+    return observation(samples.unavailable(reason, message), now)
+
+
+def desired_replicas(svc: ServiceSpec, status: Mapping[str, Any]) -> int:
+    """What the serving Deployments are sized to in all: the autoscaler's count when it runs
+    in Active mode, else spec.replicas."""
+    a = svc.autoscaling
+    if not a.enabled or a.mode != "Active":
+        return svc.replicas
+    decided = (status.get("autoscaling") or {}).get("desiredReplicas")
+    if isinstance(decided, int):
+        return decided
+    return min(max(svc.replicas, a.min_replicas), a.max_replicas)
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Another controller that writes the same replica count (an HPA, say)."""
+
+    kind: str
+    name: str
+    target: str
+
+
+def conflicts(
+    service: str,
+    svc: ServiceSpec,
+    autoscalers: Sequence[Mapping[str, Any]],
+    deployment_names: set[str],
+) -> list[Conflict]:
+    """HorizontalPodAutoscalers that would fight the operator: one on a serving Deployment
+    (the operator owns their replicas), or one on the service itself while the operator's
+    own autoscaler is on. (An HPA on the service with `autoscaling.enabled: false` is a user
+    choice the scale subresource exists for.)"""
+    found: list[Conflict] = []
+    for hpa in autoscalers:
+        ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+        kind, name = str(ref.get("kind", "")), str(ref.get("name", ""))
+        on_deployment = kind == "Deployment" and name in deployment_names
+        on_service = kind == "CosyVoiceService" and name == service and svc.autoscaling.enabled
+        if on_deployment or on_service:
+            found.append(
+                Conflict("HorizontalPodAutoscaler", str(hpa["metadata"]["name"]), f"{kind}/{name}")
+            )
+    return found
+
+
+def _moved(old: Any, new: float | None) -> bool:
+    if new is None:
+        return old is not None
+    if not isinstance(old, (int, float)):
+        return True
+    return abs(new - old) > max(1.0, 0.1 * abs(old))
+
+
+def status_update(
+    previous: Mapping[str, Any],
+    svc: ServiceSpec,
+    decision: Decision,
+    obs: Observation,
+    found_conflicts: Sequence[Conflict],
+    generation: int,
+    now: dt.datetime,
+) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+    """The status changes of one evaluation (empty when nothing worth writing changed), and
+    the Events to post (type, reason, message) once they are written."""
+    prev = dict(previous.get("autoscaling") or {})
+    active = svc.autoscaling.mode == "Active" and not found_conflicts
+    new = dict(prev)
+    if svc.autoscaling.mode == "Active" and not found_conflicts:
+        new["desiredReplicas"] = decision.replicas
+    elif svc.autoscaling.mode == "DryRun":
+        # Reported, never applied: the Deployments follow spec.replicas.
+        new["desiredReplicas"] = decision.replicas
+    if obs.queue_latency_ms is not None and _moved(
+        prev.get("lastQueueLatencyMilliseconds"), obs.queue_latency_ms
+    ):
+        new["lastQueueLatencyMilliseconds"] = round(obs.queue_latency_ms, 2)
+    events: list[tuple[str, str, str]] = []
+    if decision.direction != "hold" or "lastDecision" not in prev:
+        inputs: dict[str, Any] = dict(decision.inputs)
+        record: dict[str, Any] = {
+            "time": conditions.timestamp(now),
+            "from": int(decision.inputs.get("current", 0) or 0),
+            "to": decision.replicas,
+            "reason": decision.reason,
+            "inputs": inputs,
+        }
+        old = prev.get("lastDecision") or {}
+        if (old.get("from"), old.get("to"), old.get("reason")) != (
+            record["from"],
+            record["to"],
+            record["reason"],
+        ):
+            # A merge patch merges maps: inputs the new decision lacks are removed explicitly.
+            stale = {k: None for k in (old.get("inputs") or {}) if k not in decision.inputs}
+            record["inputs"] = {**stale, **inputs}
+            new["lastDecision"] = record
+            if decision.direction != "hold":
+                verb = "ScaledUp" if decision.direction == "up" else "ScaledDown"
+                if svc.autoscaling.mode == "DryRun":
+                    verb = f"DryRun{verb}"
+                events.append(("Normal", verb, decision.reason))
+    updates = [
+        {
+            "type": "MetricsAvailable",
+            "status": "True" if decision.metrics_available else "False",
+            "reason": decision.metrics_reason,
+            "message": decision.metrics_message,
+        },
+        {
+            "type": "ScalingActive",
+            "status": "True" if active else "False",
+            "reason": "Active"
+            if active
+            else ("DryRun" if svc.autoscaling.mode == "DryRun" else "ScalingConflict"),
+            "message": "the operator sets the replica count from spec.autoscaling"
+            if active
+            else (
+                "decisions are computed and reported in status.autoscaling; no replica count "
+                "is written (spec.autoscaling.mode: DryRun)"
+                if svc.autoscaling.mode == "DryRun"
+                else "another autoscaler writes this replica count; the operator holds"
+            ),
+        },
+    ]
+    if found_conflicts:
+        message = "; ".join(
+            f"{c.kind} {c.name} scales {c.target}, which the operator's autoscaler scales: "
+            "delete it, or set spec.autoscaling.enabled=false to let it scale the service"
+            for c in found_conflicts
+        )
+        updates.append(
+            {
+                "type": "ScalingConflict",
+                "status": "True",
+                "reason": "AnotherAutoscaler",
+                "message": message,
+            }
+        )
+    else:
+        updates.append(
+            {
+                "type": "ScalingConflict",
+                "status": "False",
+                "reason": "NoConflict",
+                "message": "no other autoscaler targets this service or its Deployments",
+            }
+        )
+    prev_conds = previous.get("conditions") or []
+    merged = conditions.merge(prev_conds, updates, generation, now)
+
+    # MetricsAvailable's message carries live numbers: only its status and reason count.
+    def essence(c: Mapping[str, Any]) -> tuple[str, str, str]:
+        message = "" if c["type"] == "MetricsAvailable" else str(c.get("message", ""))
+        return (str(c["status"]), str(c["reason"]), message)
+
+    before = {c["type"]: essence(c) for c in prev_conds}
+    after = {c["type"]: essence(c) for c in merged}
+    changes: dict[str, Any] = {}
+    if after != before:
+        changes["conditions"] = merged
+        old_conflict = before.get("ScalingConflict", ("False",))[0]
+        if found_conflicts and old_conflict != "True":
+            events.append(("Warning", "ScalingConflict", updates[-1]["message"]))
+        if (
+            not decision.metrics_available
+            and before.get("MetricsAvailable", ("True",))[0] != "False"
+        ):
+            events.append(("Warning", "MetricsUnavailable", decision.metrics_message))
+    if new != prev or changes:
+        new["lastEvaluationTime"] = conditions.timestamp(now)
+        changes["autoscaling"] = new
+    return changes, events
+
+
+def decide(
+    svc: ServiceSpec,
+    obs: Observation,
+    current: Fleet,
+    history: Sequence[policy.Recommendation],
+    now: dt.datetime,
+) -> Decision:
+    return policy.decide(svc.autoscaling, obs, current, history, now)

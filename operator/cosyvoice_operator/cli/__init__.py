@@ -1,0 +1,1 @@
+"""The ``cosyvoice-operator`` command: ``run``, ``render``, ``demo``, ``cluster``, ``sim``."""

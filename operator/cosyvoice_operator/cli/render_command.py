@@ -1,0 +1,117 @@
+"""`cosyvoice-operator render`: every object the operator would create for one service,
+without a cluster (pure, apart from reading the file).
+
+The build Jobs (and, with vLLM, the prefetch Job of the checkpoint) are rendered as their
+first attempt; the serving workloads as they are once every engine is Ready. What only a
+cluster knows is stated instead of guessed: the GPU products come from
+`spec.engine.gpuProducts` or `--gpu-product`, and the cache claim's uid (part of Job and
+record names) is shown as a placeholder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from cosyvoice_operator.api import engine
+from cosyvoice_operator.api.spec import SpecError, parse
+from cosyvoice_operator.render import buildjob, workloads
+from cosyvoice_operator.shell.config import OperatorConfig
+
+CLAIM_UID_PLACEHOLDER = "00000000-0000-0000-0000-000000000000"
+
+
+class RenderError(ValueError):
+    """What is wrong with the input, in one line for the user."""
+
+
+def load_service(text: str, source: str) -> dict[str, Any]:
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise RenderError(f"{source}: not valid YAML ({' '.join(str(exc).split())})") from None
+    found = [
+        d
+        for d in docs
+        if isinstance(d, dict)
+        and d.get("kind") == "CosyVoiceService"
+        and str(d.get("apiVersion", "")).startswith("tts.cosyvoice.dev/")
+    ]
+    if len(found) != 1:
+        raise RenderError(
+            f"{source}: expected exactly one CosyVoiceService (apiVersion tts.cosyvoice.dev/"
+            f"v1alpha1), found {len(found)}"
+        )
+    body = found[0]
+    if not (body.get("metadata") or {}).get("name"):
+        raise RenderError(f"{source}: metadata.name is required")
+    return body
+
+
+def render_service(
+    body: Mapping[str, Any],
+    gpu_products: Sequence[str],
+    cfg: OperatorConfig,
+    namespace: str = "",
+) -> list[dict[str, Any]]:
+    meta = dict(body.get("metadata") or {})
+    namespace = namespace or str(meta.get("namespace") or "default")
+    meta.setdefault("uid", "<uid of the CosyVoiceService>")
+    meta["namespace"] = namespace
+    body = {
+        **body,
+        "metadata": meta,
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+    }
+    try:
+        svc = parse(body.get("spec") or {})
+    except SpecError as exc:
+        raise RenderError(str(exc)) from None
+    if gpu_products:
+        svc = dataclasses.replace(
+            svc, engine=dataclasses.replace(svc.engine, gpu_products=tuple(gpu_products))
+        )
+    if not svc.engine.gpu_products:
+        raise RenderError(
+            "no GPU product to render for: without a cluster the operator cannot read the "
+            "nodes; pass --gpu-product PRODUCT (e.g. NVIDIA-L20) or set spec.engine.gpuProducts"
+        )
+    plan = engine.plan(svc, [], cfg.build.default_builder_image)
+    if not plan.targets:
+        raise RenderError("; ".join(r.message for r in plan.rejected))
+    cache = buildjob.Cache(svc.engine.cache_claim_name, CLAIM_UID_PLACEHOLDER)
+    out: list[dict[str, Any]] = []
+    # The build Jobs (per architecture), then vLLM's prefetch Job of the checkpoint.
+    for target in plan.builds:
+        out.append(buildjob.render_job(target, svc, namespace, 1, cfg.build, cache))
+    shares = workloads.split_replicas(
+        svc.replicas, [(t.identity.gpu_arch, 0) for t in plan.targets]
+    )
+    checkpoint_key = plan.checkpoint.key if plan.checkpoint is not None else ""
+    for target in plan.targets:
+        arch = target.identity.gpu_arch
+        out.extend(
+            workloads.render_architecture(
+                body,
+                svc,
+                workloads.ArchServing(
+                    arch, target.key, target.products, shares[arch], checkpoint_key
+                ),
+                namespace,
+                cfg.serving,
+            )
+        )
+    out.append(workloads.render_service(body, namespace))
+    out.append(workloads.render_disruption_budget(body, namespace))
+    return out
+
+
+def to_yaml(objects: Sequence[Mapping[str, Any]]) -> str:
+    return yaml.safe_dump_all(
+        [json.loads(json.dumps(o)) for o in objects], sort_keys=False, width=100
+    )

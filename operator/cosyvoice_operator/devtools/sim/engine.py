@@ -1,0 +1,177 @@
+"""One policy on one trace: the simulation loop and what it measures.
+
+Time advances in steps of one second. At each second boundary: pods that became Ready join
+the endpoints and drained pods are deleted; Prometheus scrapes when a scrape is due; a
+policy that samples pods directly (KPA) gets the concurrency; the policy evaluates when its
+interval comes round (5 s after the scrapes, `policies.PHASE_S`) and its count is applied at
+once. Then the second's arrivals are sent, each at its exact time, to the Ready pods
+round-robin (`plant.Plant.dispatch`).
+
+Every policy starts from the same fleet, ``initial_replicas`` Ready pods (the static policy
+from its own count), and first runs a warm-up that is not scored: the trace's first
+``warmup_s`` seconds played once before it, so that each policy reaches its own steady state
+(its windows filled, its fleet sized) as if the service had been running before the trace
+began. For the first half of the warm-up the policies watch and decide, but the fleet is
+held at its initial count (their windows fill with what a running service shows); then
+they act. Latencies, GPU time and scale events count from the end of the warm-up.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass, field
+
+from cosyvoice_operator.devtools.sim.plant import Plant, Prometheus, PrometheusModel, ServiceModel
+from cosyvoice_operator.devtools.sim.policies import PHASE_S, Controller
+from cosyvoice_operator.devtools.sim.trace import Trace
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    service: ServiceModel = field(default_factory=ServiceModel)
+    prometheus: PrometheusModel = field(default_factory=PrometheusModel)
+    cold_start_s: float = 180.0
+    slo_s: float = 1.5  # first audio
+    initial_replicas: int = 1
+    warmup_s: float = 600.0
+    give_up_s: float = 30.0  # a client stops waiting for a request that has not started
+
+
+@dataclass(frozen=True)
+class Minute:
+    """One minute of the run, for the plot."""
+
+    t: float
+    arrivals: int
+    p95_s: float
+    replicas: int
+    ready: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    requests: int
+    slo_attainment: float
+    gpu_hours: float
+    scale_events: int
+    reversals: int
+    missing_data_scale_downs: int
+    p50_first_audio_s: float
+    p95_first_audio_s: float
+    p99_first_audio_s: float
+    minutes_in_violation: int  # minutes in which more than 1 % missed the SLO
+    max_replicas: int
+    timeline: tuple[Minute, ...]
+
+
+def quantile(ordered: list[float] | array[float], q: float) -> float:
+    """The q-quantile of sorted values (nearest rank); 0 for none."""
+    if not ordered:
+        return 0.0
+    return float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])
+
+
+def simulate(trace: Trace, controller: Controller, config: SimConfig) -> Outcome:
+    static = controller.policy == "static"
+    initial = int(controller.params["replicas"]) if static else config.initial_replicas
+    plant = Plant(config.service, config.cold_start_s, initial, config.give_up_s)
+    warm = min(config.warmup_s, trace.duration_s)
+    prom = Prometheus(config.prometheus, [(a + warm, b + warm) for a, b in trace.outages])
+    scrape_every = config.prometheus.scrape_interval_s
+    head = sum(1 for t in trace.arrivals if t < warm)
+    arrivals = [t for t in trace.arrivals[:head]] + [t + warm for t in trace.arrivals]
+    audio = trace.audio[:head] + trace.audio
+    n = len(arrivals)
+    scored_from = head
+    latencies = array("d")
+    slo = config.slo_s
+    minute_lat: list[float] = []
+    timeline: list[Minute] = []
+    events = reversals = missing_downs = 0
+    last_direction = 0
+    peak = initial
+    i = 0
+    seconds = math.ceil(trace.duration_s + warm)
+    first_scored = math.floor(warm)
+    hold_until = first_scored // 2
+    next_scrape = 0.0
+    next_eval = PHASE_S
+    for second in range(seconds):
+        now = float(second)
+        plant.tick(now)
+        if now >= next_scrape:
+            prom.scrape(now, plant.pods)
+            next_scrape += scrape_every
+        if controller.samples_pods:
+            controller.observe(now, float(plant.in_system(now)))
+        if now >= next_eval and not static:
+            next_eval += controller.interval_s
+            verdict = controller.evaluate(now, plant, prom)
+            current = len(plant.live())
+            if second < hold_until:
+                pass  # watching a steady fleet
+            elif verdict.replicas != current and second < first_scored:
+                plant.scale_to(verdict.replicas, now)
+                plant.tick(now)
+            elif verdict.replicas != current:
+                direction = 1 if verdict.replicas > current else -1
+                events += 1
+                if last_direction and direction != last_direction:
+                    reversals += 1
+                last_direction = direction
+                if direction < 0 and verdict.missing:
+                    missing_downs += 1
+                plant.scale_to(verdict.replicas, now)
+                plant.tick(now)
+                peak = max(peak, verdict.replicas)
+        end = now + 1.0
+        while i < n and arrivals[i] < end:
+            latency = plant.dispatch(arrivals[i], audio[i])
+            if i >= scored_from:
+                latencies.append(latency)
+                minute_lat.append(latency)
+            i += 1
+        if second == first_scored - 1:
+            plant.start_accounting(end)
+            peak = len(plant.live())
+        minute_done = (second - first_scored) % 60 == 59 or second == seconds - 1
+        if second >= first_scored and minute_done:
+            minute_lat.sort()
+            current, ready, _ = plant.counts(end)
+            start = 60.0 * ((second - first_scored) // 60)
+            p95 = quantile(minute_lat, 0.95)
+            timeline.append(Minute(start, len(minute_lat), p95, current, ready))
+            minute_lat = []
+    while i < n:  # arrivals at the very end
+        latencies.append(plant.dispatch(arrivals[i], audio[i]))
+        i += 1
+    ordered = sorted(latencies)
+    met = sum(1 for x in latencies if x <= slo)
+    violations = _violation_minutes(trace, latencies, slo)
+    scored = len(latencies)
+    return Outcome(
+        requests=scored,
+        slo_attainment=met / scored if scored else 1.0,
+        gpu_hours=plant.gpu_seconds(trace.duration_s + warm) / 3600.0,
+        scale_events=events,
+        reversals=reversals,
+        missing_data_scale_downs=missing_downs,
+        p50_first_audio_s=quantile(ordered, 0.50),
+        p95_first_audio_s=quantile(ordered, 0.95),
+        p99_first_audio_s=quantile(ordered, 0.99),
+        minutes_in_violation=violations,
+        max_replicas=peak,
+        timeline=tuple(timeline),
+    )
+
+
+def _violation_minutes(trace: Trace, latencies: array[float], slo: float) -> int:
+    total: dict[int, int] = {}
+    missed: dict[int, int] = {}
+    for t, x in zip(trace.arrivals, latencies, strict=True):
+        m = int(t // 60)
+        total[m] = total.get(m, 0) + 1
+        if x > slo:
+            missed[m] = missed.get(m, 0) + 1
+    return sum(1 for m, k in missed.items() if k > 0.01 * total[m])

@@ -1,0 +1,670 @@
+"""The benchmark: sweeps on a training trace, selection, and every policy on evaluation traces.
+
+For each baseline (``hpa``, ``hpa-concurrency``, ``keda``, ``kpa``, ``static``) every point
+of its sweep (target x minReplicas floor x scale-down window; the static count) runs on the
+training trace over every seed; the configuration chosen is the cheapest (fewest mean
+GPU-hours) whose attainment, pooled over the seeds, reaches ``goal_attainment`` (99 %). The
+chosen configuration then runs unchanged on each evaluation trace; every sweep point runs
+there too, and the one the same rule picks on the evaluation trace itself is reported as
+the oracle. Our policy is treated the same way on a deliberately small grid: its target
+queue latency only (`Sweep.ours_targets`), the rest fixed in advance (`OURS`: no floor
+above one replica); it never sees an evaluation trace before its parameters are fixed.
+
+Floors and static counts are given in pods relative to the training trace's mean offered
+load ``L`` (Erlangs per pod's slots): a floor of 0.8 is ``round(0.8 * L)`` pods.
+
+Runs are independent and go to a process pool (``jobs``); traces are rebuilt in each
+worker from their recipe (`TraceRecipe`), cached there.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from cosyvoice_operator.devtools.sim import policies
+from cosyvoice_operator.devtools.sim import trace as tr
+from cosyvoice_operator.devtools.sim.engine import Minute, Outcome, SimConfig, simulate
+from cosyvoice_operator.devtools.sim.policies import Params
+
+GOAL_ATTAINMENT = 0.99
+# Our policy's settings besides the target (see docs/autoscaling-benchmark.md): no floor
+# beyond one replica, a scale-up step sized for fleets of tens of pods, and the tuning
+# guide's 10-minute scale-down window.
+OURS: Params = {
+    "min_replicas": 1,
+    "up_step": 10,
+    "down_window_s": 600,
+    "down_step": 1,
+}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The grids of the baselines. Targets: ms of queue time (hpa), requests per pod
+    (hpa-concurrency, keda, kpa). Floors and static counts: multiples of the training
+    trace's mean load in pods (0 means minReplicas 1)."""
+
+    ours_targets: tuple[float, ...] = (10.0, 25.0, 50.0)
+    hpa_targets: tuple[float, ...] = (50.0, 200.0, 500.0, 1000.0, 2000.0)
+    concurrency_targets: tuple[float, ...] = (1.5, 2.0, 2.5, 3.0, 3.5)
+    floors: tuple[float, ...] = (0.0, 0.5, 0.8, 1.0)
+    down_windows_s: tuple[float, ...] = (60.0, 300.0, 600.0)
+    kpa_delays_s: tuple[float, ...] = (0.0, 300.0, 600.0)
+    static_counts: tuple[float, ...] = tuple(round(1.0 + 0.1 * k, 1) for k in range(16))
+
+
+SMALL_SWEEP = Sweep(
+    ours_targets=(25.0, 50.0),
+    hpa_targets=(200.0, 1000.0),
+    concurrency_targets=(2.0, 3.0),
+    floors=(0.0, 1.0),
+    down_windows_s=(300.0,),
+    kpa_delays_s=(0.0,),
+    static_counts=(1.0, 1.4, 1.8),
+)
+
+
+@dataclass(frozen=True)
+class TraceRecipe:
+    """How to build one trace: a CSV (or a part of it), scaled, reshaped, with outages."""
+
+    name: str
+    path: str
+    size_column: str = "GeneratedTokens"
+    size_per_second: float = 25.0
+    part: str = "all"  # "all" | "train" | "eval"
+    multiplier: float = 1.0
+    shape: str = "flat"  # "flat" | "day" | "burst" | "step" | "ramp"
+    outages: tuple[tuple[float, float], ...] = ()
+    day_hours: float = 24.0
+
+    def build(self, seed: int) -> tr.Trace:
+        return _build(self, seed)
+
+
+@functools.lru_cache(maxsize=4)
+def _source(path: str, size_column: str, size_per_second: float) -> tr.Trace:
+    return tr.load_csv(path, size_column, size_per_second)
+
+
+@functools.lru_cache(maxsize=8)
+def _build(recipe: TraceRecipe, seed: int) -> tr.Trace:
+    base = _source(recipe.path, recipe.size_column, recipe.size_per_second)
+    if recipe.part != "all":
+        train, evaluation = tr.split(base)
+        base = train if recipe.part == "train" else evaluation
+    if recipe.shape == "day":
+        day = tr.diurnal_day(base, seed, peak_factor=recipe.multiplier, name=recipe.name)
+        if recipe.day_hours < 24.0:
+            cut = recipe.day_hours * 3600.0
+            keep = sum(1 for t in day.arrivals if t < cut)
+            day = tr.Trace(day.name, day.arrivals[:keep], day.audio[:keep], cut)
+        shaped = day
+    else:
+        minutes = 60.0
+        factor = {
+            "flat": lambda t: recipe.multiplier,
+            "burst": lambda t: recipe.multiplier * tr.burst(12 * minutes, 2 * minutes, 3.0)(t),
+            "step": lambda t: recipe.multiplier * tr.step(10 * minutes, 1.0, 2.0)(t),
+            "ramp": lambda t: recipe.multiplier * tr.ramp(5 * minutes, 25 * minutes, 0.5, 2.0)(t),
+        }[recipe.shape]
+        shaped = tr.modulate(base, factor, seed, name=recipe.name)
+    for start, length in recipe.outages:
+        shaped = tr.with_outage(shaped, start, length)
+    return replace(shaped, name=recipe.name)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    train: TraceRecipe
+    evals: tuple[TraceRecipe, ...]
+    seeds: tuple[int, ...] = (0, 1, 2)
+    config: SimConfig = field(default_factory=SimConfig)
+    sweep: Sweep = field(default_factory=Sweep)
+    ours: tuple[tuple[str, float], ...] = tuple(OURS.items())  # besides target_ms
+    jobs: int = 0  # 0: every CPU
+
+
+def default_experiment(
+    path: str, multiplier: float = 5.0, seeds: int = 3, small: bool = False
+) -> Experiment:
+    """The conversation trace split in time (training: the first half), the second half as
+    it is, a synthesized day, a burst, a step, a ramp and a Prometheus outage on it."""
+    name = Path(path).name
+    ev = functools.partial(TraceRecipe, path=path, part="eval", multiplier=multiplier)
+    evals = [
+        ev(name=f"{name}#eval"),
+        ev(name="diurnal-day", shape="day", day_hours=3.0 if small else 24.0),
+        ev(name="burst-3x-2min", shape="burst"),
+        ev(name="step-2x", shape="step"),
+        ev(name="ramp-0.5x-2x", shape="ramp"),
+        ev(name="prometheus-outage-10min", outages=((600.0, 600.0),)),
+    ]
+    if small:
+        evals = [evals[0], evals[1], evals[5]]
+    return Experiment(
+        train=TraceRecipe(name=f"{name}#train", path=path, part="train", multiplier=multiplier),
+        evals=tuple(evals),
+        seeds=tuple(range(seeds)),
+        sweep=SMALL_SWEEP if small else Sweep(),
+    )
+
+
+def files_experiment(
+    train: str,
+    evals: Sequence[str],
+    multiplier: float,
+    seeds: int,
+    size_column: str,
+    size_per_second: float,
+    outages: tuple[tuple[float, float], ...] = (),
+) -> Experiment:
+    """Training on one CSV, evaluation on others (each with the outages given)."""
+
+    def recipe(path: str, with_outages: bool) -> TraceRecipe:
+        return TraceRecipe(
+            name=Path(path).name,
+            path=path,
+            size_column=size_column,
+            size_per_second=size_per_second,
+            multiplier=multiplier,
+            outages=outages if with_outages else (),
+        )
+
+    return Experiment(
+        train=recipe(train, False),
+        evals=tuple(recipe(p, True) for p in evals),
+        seeds=tuple(range(seeds)),
+    )
+
+
+# ---- running ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Task:
+    recipe: TraceRecipe
+    seed: int
+    policy: str
+    params: tuple[tuple[str, float], ...]
+    config: SimConfig
+    timeline: bool = False
+
+
+@dataclass(frozen=True)
+class Run:
+    trace: str
+    seed: int
+    policy: str
+    params: Params
+    outcome: Outcome
+
+
+def _run(task: Task) -> Run:
+    trace = task.recipe.build(task.seed)
+    params = dict(task.params)
+    outcome = simulate(trace, policies.make(task.policy, params), task.config)
+    if not task.timeline:
+        outcome = replace(outcome, timeline=())
+    return Run(task.recipe.name, task.seed, task.policy, params, outcome)
+
+
+def _execute(tasks: Sequence[Task], jobs: int) -> list[Run]:
+    workers = jobs or os.cpu_count() or 1
+    if workers == 1 or len(tasks) <= 1:
+        return [_run(t) for t in tasks]
+    # Long traces first, so that the pool does not end on one long run.
+    order = sorted(range(len(tasks)), key=lambda i: -_weight(tasks[i]))
+    with ProcessPoolExecutor(workers) as pool:
+        done = list(pool.map(_run, [tasks[i] for i in order], chunksize=1))
+    runs: list[Run | None] = [None] * len(tasks)
+    for i, run in zip(order, done, strict=True):
+        runs[i] = run
+    return [r for r in runs if r is not None]
+
+
+def _weight(task: Task) -> float:
+    return (task.recipe.day_hours * 3600 if task.recipe.shape == "day" else 1800.0) * (
+        3.0 if task.policy == "kpa" else 1.0
+    )
+
+
+def mean_load_pods(trace: tr.Trace, config: SimConfig) -> float:
+    """The trace's mean offered load, in pods' worth of slots."""
+    model = config.service
+    erlangs = tr.offered_load(trace, model.service_seconds, 0.0, trace.duration_s)
+    return erlangs / model.slots
+
+
+def initial_replicas(trace: tr.Trace, config: SimConfig) -> int:
+    """The fleet every policy starts from: the first 5 minutes' load at 60 % of the slots."""
+    model = config.service
+    erlangs = tr.offered_load(trace, model.service_seconds, 0.0, min(300.0, trace.duration_s))
+    return max(1, math.ceil(erlangs / (model.slots * 0.6)))
+
+
+def sweep_points(
+    sweep: Sweep, load_pods: float, ours: Params | None = None
+) -> list[tuple[str, Params]]:
+    """Every configuration of the sweep, ours first."""
+
+    def floor(f: float) -> int:
+        return max(1, round(f * load_pods))
+
+    floors = sorted({floor(f) for f in sweep.floors})
+    points: list[tuple[str, Params]] = [
+        ("cosyvoice", {"target_ms": target, **(ours if ours is not None else OURS)})
+        for target in sweep.ours_targets
+    ]
+    for target, low, window in itertools.product(sweep.hpa_targets, floors, sweep.down_windows_s):
+        points.append(("hpa", {"target": target, "min_replicas": low, "down_window_s": window}))
+    for policy in ("hpa-concurrency", "keda"):
+        for target, low, window in itertools.product(
+            sweep.concurrency_targets, floors, sweep.down_windows_s
+        ):
+            points.append(
+                (policy, {"target": target, "min_replicas": low, "down_window_s": window})
+            )
+    for target, low, delay in itertools.product(
+        sweep.concurrency_targets, floors, sweep.kpa_delays_s
+    ):
+        points.append(("kpa", {"target": target, "min_replicas": low, "down_window_s": delay}))
+    for count in sorted({max(1, round(f * load_pods)) for f in sweep.static_counts}):
+        points.append(("static", {"replicas": count}))
+    return points
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One configuration on one trace, over the seeds."""
+
+    trace: str
+    policy: str
+    params: Params
+    slo_attainment: float  # pooled over the seeds' requests
+    gpu_hours: float  # mean over the seeds
+    scale_events: float
+    reversals: float
+    missing_data_scale_downs: int  # total
+    p95_first_audio_s: float  # mean of the seeds' p95
+    attainment_range: tuple[float, float]
+    gpu_hours_range: tuple[float, float]
+
+
+def summarize(runs: Sequence[Run]) -> list[Summary]:
+    groups: dict[tuple[str, str, str], list[Run]] = {}
+    for r in runs:
+        groups.setdefault((r.trace, r.policy, _key(r.params)), []).append(r)
+    out = []
+    for (trace, policy, _), members in groups.items():
+        o = [m.outcome for m in members]
+        requests = sum(x.requests for x in o)
+        met = sum(x.slo_attainment * x.requests for x in o)
+        out.append(
+            Summary(
+                trace=trace,
+                policy=policy,
+                params=members[0].params,
+                slo_attainment=met / requests if requests else 1.0,
+                gpu_hours=sum(x.gpu_hours for x in o) / len(o),
+                scale_events=sum(x.scale_events for x in o) / len(o),
+                reversals=sum(x.reversals for x in o) / len(o),
+                missing_data_scale_downs=sum(x.missing_data_scale_downs for x in o),
+                p95_first_audio_s=sum(x.p95_first_audio_s for x in o) / len(o),
+                attainment_range=(
+                    min(x.slo_attainment for x in o),
+                    max(x.slo_attainment for x in o),
+                ),
+                gpu_hours_range=(min(x.gpu_hours for x in o), max(x.gpu_hours for x in o)),
+            )
+        )
+    return out
+
+
+def _key(params: Params) -> str:
+    return ",".join(f"{k}={params[k]}" for k in sorted(params))
+
+
+def select(summaries: Iterable[Summary], goal: float = GOAL_ATTAINMENT) -> Summary | None:
+    """The cheapest configuration reaching ``goal``; else the one closest to it (the highest
+    attainment, then the cheapest); None for no configuration."""
+    candidates = list(summaries)
+    if not candidates:
+        return None
+    reaching = [s for s in candidates if s.slo_attainment >= goal]
+    if reaching:
+        return min(reaching, key=lambda s: (s.gpu_hours, s.scale_events, _key(s.params)))
+    return max(candidates, key=lambda s: (s.slo_attainment, -s.gpu_hours))
+
+
+@dataclass
+class Result:
+    experiment: Experiment
+    train_load_pods: float
+    initial: dict[str, int]
+    runs: list[Run]
+    summaries: list[Summary]
+    chosen: dict[str, Summary] = field(default_factory=dict)  # policy -> on the training trace
+    oracle: dict[tuple[str, str], Summary] = field(default_factory=dict)  # (trace, policy)
+    timelines: dict[tuple[str, str], tuple[Minute, ...]] = field(default_factory=dict)
+
+
+def run_experiment(exp: Experiment, timelines: bool = False) -> Result:
+    """Train, select, evaluate; with ``timelines``, seed 0 of the chosen configurations is run
+    again on each evaluation trace for the plot."""
+    config = exp.config
+    train0 = exp.train.build(exp.seeds[0])
+    load = mean_load_pods(train0, config)
+    points = sweep_points(exp.sweep, load, dict(exp.ours))
+    initial: dict[str, int] = {}
+
+    def tasks_for(recipe: TraceRecipe, configs: Sequence[tuple[str, Params]]) -> list[Task]:
+        built = recipe.build(exp.seeds[0])
+        initial[recipe.name] = initial_replicas(built, config)
+        cfg = replace(config, initial_replicas=initial[recipe.name])
+        return [
+            Task(recipe, seed, policy, tuple(params.items()), cfg)
+            for policy, params in configs
+            for seed in exp.seeds
+        ]
+
+    tasks = tasks_for(exp.train, points)
+    for recipe in exp.evals:
+        tasks += tasks_for(recipe, points)
+    runs = _execute(tasks, exp.jobs)
+    summaries = summarize(runs)
+    result = Result(exp, load, initial, runs, summaries)
+    by_trace_policy: dict[tuple[str, str], list[Summary]] = {}
+    for s in summaries:
+        by_trace_policy.setdefault((s.trace, s.policy), []).append(s)
+    for policy in policies.POLICIES:
+        chosen = select(by_trace_policy.get((exp.train.name, policy), []))
+        if chosen is not None:
+            result.chosen[policy] = chosen
+        for recipe in exp.evals:
+            oracle = select(by_trace_policy.get((recipe.name, policy), []))
+            if oracle is not None:
+                result.oracle[(recipe.name, policy)] = oracle
+    if timelines:
+        extra = []
+        for recipe in exp.evals:
+            cfg = replace(config, initial_replicas=initial[recipe.name])
+            for policy, params in ((p, s.params) for p, s in result.chosen.items()):
+                extra.append(
+                    Task(recipe, exp.seeds[0], policy, tuple(params.items()), cfg, timeline=True)
+                )
+        for run in _execute(extra, exp.jobs):
+            result.timelines[(run.trace, run.policy)] = run.outcome.timeline
+    return result
+
+
+# ---- reporting ----------------------------------------------------------------------------
+
+
+def lookup(result: Result, trace: str, policy: str, params: Params) -> Summary | None:
+    key = _key(params)
+    for s in result.summaries:
+        if s.trace == trace and s.policy == policy and _key(s.params) == key:
+            return s
+    return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The goal of issue 10 on one evaluation trace."""
+
+    trace: str
+    ours_attainment: float
+    attainment_ok: bool
+    gpu_ratio: float | None  # ours / the cheapest train-tuned baseline reaching 99 %
+    gpu_ok: bool
+    events_ratio: float | None  # ours / fewest among train-tuned autoscalers reaching 99 %
+    events_ok: bool
+    missing_ok: bool
+    compared_with: tuple[str, ...]  # the train-tuned baselines that reached 99 %
+
+    @property
+    def met(self) -> bool:
+        return self.attainment_ok and self.gpu_ok and self.events_ok and self.missing_ok
+
+
+def verdicts(result: Result) -> list[Verdict]:
+    out: list[Verdict] = []
+    if "cosyvoice" not in result.chosen:
+        return out
+    ours = result.chosen["cosyvoice"].params
+    for recipe in result.experiment.evals:
+        mine = lookup(result, recipe.name, "cosyvoice", ours)
+        if mine is None:
+            continue
+        reaching = []
+        for policy, chosen in result.chosen.items():
+            if policy == "cosyvoice":
+                continue
+            s = lookup(result, recipe.name, policy, chosen.params)
+            if s is not None and s.slo_attainment >= GOAL_ATTAINMENT:
+                reaching.append(s)
+        gpu_ratio = max(mine.gpu_hours / s.gpu_hours for s in reaching) if reaching else None
+        autoscalers = [s for s in reaching if s.policy != "static"]
+        fewest = min((s.scale_events for s in autoscalers), default=None)
+        events_ratio = None
+        if fewest is not None:
+            events_ratio = mine.scale_events / fewest if fewest > 0 else math.inf
+        out.append(
+            Verdict(
+                trace=recipe.name,
+                ours_attainment=mine.slo_attainment,
+                attainment_ok=mine.slo_attainment >= GOAL_ATTAINMENT,
+                gpu_ratio=gpu_ratio,
+                gpu_ok=gpu_ratio is None or gpu_ratio <= 0.85,
+                events_ratio=events_ratio,
+                events_ok=events_ratio is None or events_ratio <= 0.70,
+                missing_ok=mine.missing_data_scale_downs == 0,
+                compared_with=tuple(s.policy for s in reaching),
+            )
+        )
+    return out
+
+
+def to_json(result: Result) -> dict[str, Any]:
+    """The ``--json`` document: every run of every sweep (one per seed), then the summary."""
+    exp = result.experiment
+    chosen_keys = {(p, _key(s.params)) for p, s in result.chosen.items()}
+    oracle_keys = {(t, p, _key(s.params)) for (t, p), s in result.oracle.items()}
+    runs = []
+    for r in result.runs:
+        key = _key(r.params)
+        if (r.policy, key) in chosen_keys and r.trace != exp.train.name:
+            tuned_on, selection = exp.train.name, "train"
+        elif (r.trace, r.policy, key) in oracle_keys or (
+            r.trace == exp.train.name and (r.policy, key) in chosen_keys
+        ):
+            tuned_on, selection = r.trace, "oracle" if r.trace != exp.train.name else "train"
+        else:
+            tuned_on, selection = "", "sweep"
+        o = r.outcome
+        runs.append(
+            {
+                "trace": r.trace,
+                "policy": r.policy,
+                "params": r.params,
+                "tuned_on": tuned_on,
+                "slo_attainment": round(o.slo_attainment, 6),
+                "gpu_hours": round(o.gpu_hours, 4),
+                "scale_events": o.scale_events,
+                "reversals": o.reversals,
+                "missing_data_scale_downs": o.missing_data_scale_downs,
+                "p95_first_audio_s": round(o.p95_first_audio_s, 4),
+                "seed": r.seed,
+                "selection": selection,
+                "role": "train" if r.trace == exp.train.name else "eval",
+                "p50_first_audio_s": round(o.p50_first_audio_s, 4),
+                "p99_first_audio_s": round(o.p99_first_audio_s, 4),
+                "minutes_in_violation": o.minutes_in_violation,
+                "max_replicas": o.max_replicas,
+                "requests": o.requests,
+            }
+        )
+    return {
+        "runs": runs,
+        "summary": {
+            "train": exp.train.name,
+            "evals": [r.name for r in exp.evals],
+            "seeds": list(exp.seeds),
+            "defaults": {
+                "slo_first_audio_s": exp.config.slo_s,
+                "cold_start_s": exp.config.cold_start_s,
+                "load_multiplier": exp.train.multiplier,
+                "give_up_s": exp.config.give_up_s,
+                "warmup_s": exp.config.warmup_s,
+                "service": asdict(exp.config.service),
+                "prometheus": asdict(exp.config.prometheus),
+                "goal_attainment": GOAL_ATTAINMENT,
+            },
+            "train_mean_load_pods": round(result.train_load_pods, 3),
+            "initial_replicas": result.initial,
+            "ours": dict(exp.ours),
+            "chosen_on_train": {
+                p: {
+                    "params": s.params,
+                    "slo_attainment": round(s.slo_attainment, 6),
+                    "gpu_hours": round(s.gpu_hours, 4),
+                }
+                for p, s in result.chosen.items()
+            },
+            "table": [_row(s, role) for s, role in table_rows(result)],
+            "goal": [asdict(v) | {"met": v.met} for v in verdicts(result)],
+        },
+    }
+
+
+def _row(s: Summary, role: str) -> dict[str, Any]:
+    return {
+        "trace": s.trace,
+        "policy": s.policy,
+        "tuned": role,
+        "params": s.params,
+        "slo_attainment": round(s.slo_attainment, 5),
+        "attainment_range": [round(x, 5) for x in s.attainment_range],
+        "gpu_hours": round(s.gpu_hours, 3),
+        "gpu_hours_range": [round(x, 3) for x in s.gpu_hours_range],
+        "scale_events": round(s.scale_events, 2),
+        "reversals": round(s.reversals, 2),
+        "missing_data_scale_downs": s.missing_data_scale_downs,
+        "p95_first_audio_s": round(s.p95_first_audio_s, 3),
+    }
+
+
+def table_rows(result: Result) -> list[tuple[Summary, str]]:
+    """Per evaluation trace: ours, each baseline as tuned on the training trace, and each
+    baseline's oracle; the training trace first."""
+    exp = result.experiment
+    rows: list[tuple[Summary, str]] = []
+    for trace in [exp.train.name, *(r.name for r in exp.evals)]:
+        for policy, chosen in result.chosen.items():
+            s = lookup(result, trace, policy, chosen.params)
+            if s is not None:
+                rows.append((s, "train"))
+            if trace != exp.train.name:
+                oracle = result.oracle.get((trace, policy))
+                if oracle is not None and _key(oracle.params) != _key(chosen.params):
+                    rows.append((oracle, "oracle"))
+    return rows
+
+
+def _params_text(params: Params) -> str:
+    short = {
+        "target_ms": "target",
+        "min_replicas": "min",
+        "down_window_s": "down",
+        "up_step": "up+",
+        "down_step": "down-",
+        "replicas": "n",
+    }
+    return " ".join(
+        f"{short.get(k, k)}={v:g}" if isinstance(v, float) else f"{short.get(k, k)}={v}"
+        for k, v in params.items()
+    )
+
+
+def table(result: Result) -> str:
+    """The readable report."""
+    exp = result.experiment
+    lines = [
+        f"SLO: first audio <= {exp.config.slo_s:g} s; cold start {exp.config.cold_start_s:g} s; "
+        f"load x{exp.train.multiplier:g}; seeds {len(exp.seeds)}; training trace "
+        f"{exp.train.name} (mean load {result.train_load_pods:.1f} pods)",
+        "",
+        f"{'trace':<26} {'policy':<16} {'tuned':<7} {'SLO met':>8} {'GPU-h':>8} "
+        f"{'events':>7} {'revers':>6} {'miss-dn':>7} {'p95 s':>7}  params",
+    ]
+    previous = ""
+    for s, role in table_rows(result):
+        if s.trace != previous and previous:
+            lines.append("")
+        previous = s.trace
+        lines.append(
+            f"{s.trace[:26]:<26} {s.policy:<16} {role:<7} {100 * s.slo_attainment:>7.2f}% "
+            f"{s.gpu_hours:>8.2f} {s.scale_events:>7.1f} {s.reversals:>6.1f} "
+            f"{s.missing_data_scale_downs:>7d} {s.p95_first_audio_s:>7.2f}  "
+            f"{_params_text(s.params)}"
+        )
+    lines.append("")
+    lines.append("Goal (ours >= 99 %, <= 85 % of the GPU-hours of every train-tuned baseline at")
+    lines.append("99 %, >= 30 % fewer scale events than the fewest of them, no missing-data")
+    lines.append("scale-down):")
+    for v in verdicts(result):
+        gpu = f"{v.gpu_ratio:.2f}" if v.gpu_ratio is not None else "n/a"
+        ev = (
+            f"{v.events_ratio:.2f}"
+            if v.events_ratio is not None and math.isfinite(v.events_ratio)
+            else ("n/a" if v.events_ratio is None else "inf")
+        )
+        lines.append(
+            f"  {v.trace:<26} {'MET' if v.met else 'not met':<8} attainment "
+            f"{100 * v.ours_attainment:.2f}%, GPU-h ratio {gpu}, events ratio {ev}, "
+            f"vs {', '.join(v.compared_with) or 'none at 99 %'}"
+        )
+    return "\n".join(lines)
+
+
+def markdown(result: Result) -> str:
+    """The report as Markdown tables (for docs/autoscaling-benchmark.md)."""
+    lines = [
+        "| trace | policy | tuned on | SLO met (seeds' range) | GPU-h (range) | scale events "
+        "| reversals | missing-data scale-downs | p95 first audio | parameters |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s, role in table_rows(result):
+        lo, hi = s.attainment_range
+        glo, ghi = s.gpu_hours_range
+        lines.append(
+            f"| {s.trace} | {s.policy} | {role} | {100 * s.slo_attainment:.2f} % "
+            f"({100 * lo:.2f}-{100 * hi:.2f}) | {s.gpu_hours:.1f} ({glo:.1f}-{ghi:.1f}) "
+            f"| {s.scale_events:.1f} | {s.reversals:.1f} | {s.missing_data_scale_downs} "
+            f"| {s.p95_first_audio_s:.2f} s | {_params_text(s.params)} |"
+        )
+    lines += [
+        "",
+        "| evaluation trace | goal | ours | GPU-h ratio | events ratio | vs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in verdicts(result):
+        gpu = f"{v.gpu_ratio:.2f}" if v.gpu_ratio is not None else "n/a"
+        if v.events_ratio is None:
+            ev = "n/a"
+        else:
+            ev = f"{v.events_ratio:.2f}" if math.isfinite(v.events_ratio) else "inf"
+        lines.append(
+            f"| {v.trace} | {'met' if v.met else 'not met'} | {100 * v.ours_attainment:.2f} % "
+            f"| {gpu} | {ev} | {', '.join(v.compared_with) or 'none at 99 %'} |"
+        )
+    return "\n".join(lines)

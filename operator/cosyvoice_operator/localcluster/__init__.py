@@ -1,5 +1,0 @@
-"""A local Kubernetes control plane with fake GPU nodes (see cluster.py)."""
-
-from .cluster import ClusterError, LocalCluster, parse_gpu_nodes
-
-__all__ = ["ClusterError", "LocalCluster", "parse_gpu_nodes"]

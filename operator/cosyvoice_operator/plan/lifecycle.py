@@ -1,0 +1,401 @@
+"""One service's engines: from its spec and the observed world to its status and the
+effects that move the world towards it (pure).
+
+A pass of the controller observes (caches fed by watches; see :class:`World`), calls
+:func:`reconcile_service`, then carries out the :class:`Step` it returns: the creates first,
+then the status patch, and the Events only once that patch is accepted. Events are derived
+from the difference between the old and new status, so a pass repeated on the same world
+(a conflict, a second operator) posts nothing twice.
+
+Rules this module keeps:
+- finished builds are recorded whatever else is wrong (a blocker only stops new Jobs);
+- a blocker (no cache claim, no model claim, an image outside the allowlist) makes no Job;
+- a record being removed by the cleanup is not an engine: it is waited for, then rebuilt.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from cosyvoice_operator.api import conditions, engine, gpus
+from cosyvoice_operator.api.effects import (
+    ApplyObject,
+    CreateObject,
+    DeleteObject,
+    PatchObject,
+    PatchStatus,
+    PostEvent,
+)
+from cosyvoice_operator.api.spec import ServiceSpec, SpecError, parse
+from cosyvoice_operator.plan import serving, status
+from cosyvoice_operator.render import buildjob
+from cosyvoice_operator.render.buildjob import BuildSettings, Cache, EngineState
+from cosyvoice_operator.render.workloads import ServingSettings
+
+# The status fields the engine lifecycle writes; one absent from a new status is removed.
+OWNED_STATUS = (
+    "observedGeneration",
+    "phase",
+    "engines",
+    "engineSummary",
+    "conditions",
+    "readyReplicas",
+    "readySummary",
+    "replicas",
+    "selector",
+    "serving",
+    "endpoints",
+)
+REMOVING_ANNOTATION = f"{buildjob.GROUP}/removing"
+UNREFERENCED_ANNOTATION = f"{buildjob.GROUP}/unreferenced-since"
+# EngineReady reasons that deserve a Warning Event when they start to hold.
+WARNING_REASONS = frozenset(
+    {
+        "InvalidSpec",
+        "CacheClaimMissing",
+        "ModelClaimMissing",
+        "ImageNotAllowed",
+        "JobCreateFailed",
+        "CredentialsSecretMissing",
+        "CredentialsSecretInvalid",
+        "UnknownGPUProduct",
+        "PrecisionUnsupported",
+        "KVCacheUnsupported",
+        "NoEligibleGPUNodes",
+    }
+)
+
+
+class World(Protocol):
+    """What the controller's caches answer (read-only, no I/O)."""
+
+    def gpu_nodes(self) -> Sequence[gpus.GPUNode]: ...
+
+    def claim_uid(self, namespace: str, name: str) -> str | None: ...
+
+    def record(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+
+    def jobs(self, namespace: str, key: str, tag: str) -> Sequence[Mapping[str, Any]]: ...
+
+    def pods(self, namespace: str, job: str) -> Sequence[Mapping[str, Any]]: ...
+
+    def deployments(self, namespace: str, service: str) -> Sequence[Mapping[str, Any]]: ...
+
+    def owned(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+
+    def serving_pods(self, namespace: str, service: str) -> Sequence[Mapping[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Operator settings the planners need."""
+
+    build: BuildSettings = field(default_factory=BuildSettings)
+    serving: ServingSettings = field(default_factory=ServingSettings)
+    # Image prefixes services may name (empty: any image).
+    allowed_image_prefixes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineRef:
+    """An engine as the caches index it: namespace, cache-claim tag, key."""
+
+    namespace: str
+    tag: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Step:
+    creates: tuple[CreateObject, ...] = ()
+    # The serving workloads: applied, scaled or deleted after the creates.
+    workloads: tuple[ApplyObject | PatchObject | DeleteObject, ...] = ()
+    status: PatchStatus | None = None
+    events: tuple[PostEvent, ...] = ()
+    # When the pass must run again although nothing it watches changes (a retry time).
+    requeue_after: float | None = None
+    # The engines this service wants: the controller routes Job, pod and record events by it.
+    wants: frozenset[EngineRef] = frozenset()
+    # Engine keys its Deployments serve now (the cleanup keeps them).
+    served_keys: frozenset[str] = frozenset()
+
+
+def image_problem(image: str, field_path: str, prefixes: Sequence[str]) -> str | None:
+    """Why `image` may not be used, or None (an empty image means the operator's default)."""
+    if not image or not prefixes or any(image.startswith(p) for p in prefixes):
+        return None
+    return (
+        f"{field_path} {image!r} is not under an allowed image prefix "
+        f"({', '.join(prefixes)}); use an image from one of them, or ask the platform team "
+        "to allow yours (chart value imagePolicy.allowedPrefixes)"
+    )
+
+
+def blockers_of(
+    svc: ServiceSpec, namespace: str, world: World, policy: Policy
+) -> tuple[list[status.Blocker], Cache | None]:
+    """What keeps new build Jobs from being made, and the cache claim when it exists."""
+    found: list[status.Blocker] = []
+    for image, where in (
+        (svc.engine.builder_image, "spec.engine.builderImage"),
+        (svc.serving.image, "spec.serving.image"),
+    ):
+        why = image_problem(image, where, policy.allowed_image_prefixes)
+        if why:
+            found.append(status.Blocker("ImageNotAllowed", why))
+    claim = svc.engine.cache_claim_name
+    uid = world.claim_uid(namespace, claim)
+    if uid is None:
+        found.append(
+            status.Blocker(
+                "CacheClaimMissing",
+                f"PersistentVolumeClaim {namespace}/{claim} (spec.engine.cacheClaimName) does not "
+                "exist: create a ReadWriteMany claim of that name for the engine cache",
+            )
+        )
+    model_claim = svc.model.pvc_claim
+    if model_claim and world.claim_uid(namespace, model_claim) is None:
+        found.append(
+            status.Blocker(
+                "ModelClaimMissing",
+                f"PersistentVolumeClaim {namespace}/{model_claim} (from spec.model.uri) "
+                "does not exist",
+            )
+        )
+    return found, (Cache(claim, uid) if uid is not None else None)
+
+
+def _engine(
+    target: engine.EngineTarget,
+    svc: ServiceSpec,
+    namespace: str,
+    world: World,
+    policy: Policy,
+    cache: Cache,
+    blocked: bool,
+    refused: Mapping[str, str],
+    now: dt.datetime,
+) -> tuple[EngineState, list[CreateObject]]:
+    """The state of one engine, and what to create for it."""
+    ident = target.identity
+    record = world.record(namespace, buildjob.record_name(ident, cache))
+    if record is not None and ((record.get("metadata") or {}).get("annotations") or {}).get(
+        REMOVING_ANNOTATION
+    ):
+        return (
+            EngineState(
+                "Pending",
+                f"engine {ident.key} is being removed by the cleanup (no service used it for "
+                "the retention period); it is built again once that is done",
+            ),
+            [],
+        )
+    jobs = world.jobs(namespace, ident.key, cache.tag) if record is None else []
+    latest = buildjob.latest_job(jobs)
+    pods = world.pods(namespace, str(latest["metadata"]["name"])) if latest is not None else []
+    st = buildjob.assess(ident, record, jobs, pods, now, policy.build)
+    creates: list[CreateObject] = []
+    if st.action == "create":
+        if blocked:
+            # Only a build still to be made waits for the blocker; the status says which.
+            return EngineState("Pending", "blocked", attempts=st.next_attempt - 1), []
+        job = buildjob.render_job(target, svc, namespace, st.next_attempt, policy.build, cache)
+        name = str(job["metadata"]["name"])
+        if name in refused:
+            message = (
+                f"the API server refused build Job {name}: {refused[name]}; retried with backoff"
+            )
+            return (
+                EngineState(
+                    "Pending", message, attempts=st.next_attempt - 1, reason="JobCreateFailed"
+                ),
+                [],
+            )
+        creates.append(CreateObject(job))
+        st = EngineState(
+            "Building",
+            f"{name} started (attempt {st.next_attempt})",
+            job=name,
+            attempts=st.next_attempt,
+        )
+    elif st.action in ("record", "record-failure"):
+        failed = st.action == "record-failure"
+        creates.append(
+            CreateObject(
+                buildjob.render_record(
+                    ident,
+                    namespace,
+                    st.job,
+                    st.message if failed else st.result,
+                    now,
+                    cache,
+                    state="Failed" if failed else "Ready",
+                )
+            )
+        )
+    if st.state in ("Pending", "Building") and st.job:
+        problem = buildjob.credentials_problem(pods)
+        if problem is not None:
+            reason, message = problem
+            st = EngineState("Pending", message, job=st.job, attempts=st.attempts, reason=reason)
+    return st, creates
+
+
+def _changes(previous: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """Only what changed; an owned field the new status lacks is removed (null)."""
+    changes = {key: value for key, value in new.items() if previous.get(key) != value}
+    for key in OWNED_STATUS:
+        if key not in new and previous.get(key) is not None:
+            changes[key] = None
+    return changes
+
+
+def _engine_ready(st: Mapping[str, Any]) -> Mapping[str, Any]:
+    for cond in st.get("conditions") or []:
+        if cond.get("type") == "EngineReady":
+            return dict(cond)
+    return {}
+
+
+def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[PostEvent]:
+    """The Events a status change deserves: builds started, engines ready or failed, and a
+    problem that begins (each once, when it starts)."""
+    events: list[PostEvent] = []
+    before = {e.get("key"): e for e in previous.get("engines") or [] if e.get("key")}
+    seen: set[str] = set()
+    for entry in new.get("engines") or []:
+        key = entry.get("key")
+        if not key or key in seen:
+            continue
+        seen.add(key)
+        old = before.get(key) or {}
+        state, job = entry.get("state"), entry.get("job")
+        where = f"engine {key} ({entry.get('gpuArch')})"
+        if state == "Building" and (old.get("state") != "Building" or old.get("job") != job):
+            events.append(
+                PostEvent(
+                    "Normal",
+                    "EngineBuildStarted",
+                    f"{where}: build Job {job}, attempt {entry.get('attempts')}",
+                )
+            )
+        elif state == "Ready" and old.get("state") != "Ready":
+            events.append(PostEvent("Normal", "EngineReady", f"{where}: {entry.get('message')}"))
+        elif state == "Failed" and (
+            old.get("state") != "Failed" or old.get("attempts") != entry.get("attempts")
+        ):
+            events.append(
+                PostEvent("Warning", "EngineBuildFailed", f"{where}: {entry.get('message')}")
+            )
+    cond, old_cond = _engine_ready(new), _engine_ready(previous)
+    reason = cond.get("reason")
+    if reason in WARNING_REASONS and (
+        old_cond.get("reason") != reason or old_cond.get("status") != cond.get("status")
+    ):
+        events.append(PostEvent("Warning", str(reason), str(cond.get("message", ""))))
+    return events
+
+
+def reconcile_service(
+    body: Mapping[str, Any],
+    world: World,
+    now: dt.datetime,
+    policy: Policy,
+    refused: Mapping[str, str] | None = None,
+) -> Step:
+    """The whole decision for one service. `refused` names the Jobs the API server refused
+    in this pass (Job name -> its message): they are reported instead of created again."""
+    refused = refused or {}
+    meta = body.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "default")
+    generation = int(meta.get("generation") or 0)
+    version = str(meta.get("resourceVersion") or "")
+    previous = dict(body.get("status") or {})
+    try:
+        svc = parse(body.get("spec") or {})
+    except SpecError as exc:
+        new = status.engine_status(None, {}, [], str(exc), previous, generation, 0, now)
+        # What serves keeps serving: the serving fields stay as they were.
+        for key in (
+            "replicas",
+            "readyReplicas",
+            "readySummary",
+            "selector",
+            "serving",
+            "endpoints",
+        ):
+            if key in previous:
+                new.setdefault(key, previous[key])
+        return _step(previous, new, version, [], None, frozenset())
+    nodes = [] if svc.engine.gpu_products else list(world.gpu_nodes())
+    plan = engine.plan(svc, nodes, policy.build.default_builder_image)
+    blockers, cache = blockers_of(svc, namespace, world, policy)
+    states: dict[str, EngineState] = {}
+    creates: list[CreateObject] = []
+    wants: set[EngineRef] = set()
+    for target in plan.builds:
+        if cache is None:
+            states[target.key] = EngineState("Pending", "blocked")
+            continue
+        wants.add(EngineRef(namespace, cache.tag, target.key))
+        st, made = _engine(
+            target, svc, namespace, world, policy, cache, bool(blockers), refused, now
+        )
+        states[target.key] = st
+        creates.extend(made)
+    new = status.engine_status(
+        plan,
+        states,
+        blockers,
+        None,
+        previous,
+        generation,
+        svc.replicas,
+        now,
+        serving_managed=True,
+    )
+    served = serving.plan_serving(body, svc, plan, states, world, policy.serving, refused)
+    new.update(served.status)
+    new["conditions"] = conditions.merge(new["conditions"], served.conditions, generation, now)
+    engines_ready = any(
+        c["type"] == "EngineReady" and c["status"] == "True" for c in new["conditions"]
+    )
+    if engines_ready and new["phase"] == "Deploying" and served.ready:
+        new["phase"] = "Ready"
+    retry = [s.next_retry for s in states.values() if s.next_retry is not None]
+    requeue = max(0.0, (min(retry) - now).total_seconds()) + 0.5 if retry else None
+    return _step(
+        previous,
+        new,
+        version,
+        creates,
+        requeue,
+        frozenset(wants),
+        served.effects,
+        served.served_keys,
+    )
+
+
+def _step(
+    previous: Mapping[str, Any],
+    new: Mapping[str, Any],
+    version: str,
+    creates: list[CreateObject],
+    requeue: float | None,
+    wants: frozenset[EngineRef],
+    workloads: tuple[ApplyObject | PatchObject | DeleteObject, ...] = (),
+    served_keys: frozenset[str] = frozenset(),
+) -> Step:
+    changes = _changes(previous, new)
+    return Step(
+        creates=tuple(creates),
+        workloads=workloads,
+        served_keys=served_keys,
+        status=PatchStatus(changes, version) if changes else None,
+        events=tuple(transitions(previous, new)) if changes else (),
+        requeue_after=requeue,
+        wants=wants,
+    )

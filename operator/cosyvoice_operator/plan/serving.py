@@ -1,0 +1,327 @@
+"""What a service serves, and from which engine (pure).
+
+Given the engine states of one pass and the workloads the caches hold, decide per GPU
+architecture which engine its Deployment serves, how many replicas it gets, what to apply
+and what to report.
+
+Engine changes without downtime: when an architecture's engine key changes (a precision
+change, say) and the new engine is not Ready yet, that architecture's Deployment is left as
+it is, serving the old engine (only its replica count follows the spec); once the new engine
+is Ready the Deployment is rendered for it and rolls (maxUnavailable 0). A new build that
+fails leaves the old fleet serving, and `Progressing` says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from cosyvoice_operator.api import gpus
+from cosyvoice_operator.api.effects import ApplyObject, DeleteObject, PatchObject
+from cosyvoice_operator.api.engine import EnginePlan
+from cosyvoice_operator.api.spec import ServiceSpec
+from cosyvoice_operator.autoscaling.evaluation import desired_replicas
+from cosyvoice_operator.render import workloads
+from cosyvoice_operator.render.buildjob import EngineState
+from cosyvoice_operator.render.workloads import ArchServing, ServingSettings
+
+
+class ServingWorld(Protocol):
+    def gpu_nodes(self) -> Sequence[gpus.GPUNode]: ...
+
+    def deployments(self, namespace: str, service: str) -> Sequence[Mapping[str, Any]]: ...
+
+    def owned(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+
+    def serving_pods(self, namespace: str, service: str) -> Sequence[Mapping[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    effects: tuple[ApplyObject | PatchObject | DeleteObject, ...] = ()
+    status: Mapping[str, Any] = field(default_factory=dict)
+    conditions: tuple[Mapping[str, Any], ...] = ()
+    # Engine keys the Deployments serve now (kept from cleanup while they do).
+    served_keys: frozenset[str] = frozenset()
+    ready: bool = False
+
+
+def _arch_of(deployment: Mapping[str, Any]) -> str:
+    return str(
+        ((deployment.get("metadata") or {}).get("labels") or {}).get(workloads.ARCH_LABEL, "")
+    )
+
+
+def served_key(deployment: Mapping[str, Any]) -> str:
+    return str(
+        ((deployment.get("metadata") or {}).get("annotations") or {}).get(workloads.KEY_LABEL, "")
+    )
+
+
+def served_checkpoint(deployment: Mapping[str, Any]) -> str:
+    """The vLLM checkpoint a Deployment serves from ("" without vLLM)."""
+    notes = (deployment.get("metadata") or {}).get("annotations") or {}
+    return str(notes.get(workloads.CHECKPOINT_ANNOTATION, ""))
+
+
+def _count(deployment: Mapping[str, Any], field_name: str) -> int:
+    return int((deployment.get("status") or {}).get(field_name) or 0)
+
+
+def unschedulable(pods: Sequence[Mapping[str, Any]]) -> str:
+    """The scheduler's message for a serving pod it cannot place, if any."""
+    for pod in pods:
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if (
+                cond.get("type") == "PodScheduled"
+                and cond.get("status") == "False"
+                and cond.get("reason") == "Unschedulable"
+            ):
+                name = (pod.get("metadata") or {}).get("name")
+                return f"pod {name} cannot be scheduled: {cond.get('message') or 'Unschedulable'}"
+    return ""
+
+
+def _names(effects: Sequence[ApplyObject | PatchObject | DeleteObject]) -> set[str]:
+    return {e.name for e in effects}
+
+
+def plan_serving(
+    body: Mapping[str, Any],
+    svc: ServiceSpec,
+    plan: EnginePlan,
+    states: Mapping[str, EngineState],
+    world: ServingWorld,
+    settings: ServingSettings,
+    refused: Mapping[str, str] | None = None,
+) -> ServingPlan:
+    """`refused` names objects the API server refused to take in this pass (name -> its
+    message): they are reported, and tried again with backoff."""
+    refused = refused or {}
+    meta = body.get("metadata") or {}
+    name, namespace = str(meta.get("name")), str(meta.get("namespace"))
+    existing = {_arch_of(d): d for d in world.deployments(namespace, name)}
+    desired_total = desired_replicas(svc, body.get("status") or {})
+    # GPUs the service may use per architecture: the weights of the replica split.
+    capacity: dict[str, int] = {}
+    for node in world.gpu_nodes():
+        for target in plan.targets:
+            if node.product in target.products and gpus.eligible(
+                node,
+                svc.serving.node_selector,
+                svc.serving.tolerations,
+                svc.serving.affinity,
+                svc.serving.gpus_per_replica,
+            ):
+                arch = target.identity.gpu_arch
+                capacity[arch] = capacity.get(arch, 0) + node.gpus
+    fresh: dict[str, tuple[str, tuple[str, ...]]] = {}  # arch -> (key, products) to render
+    frozen: dict[str, Mapping[str, Any]] = {}  # arch -> Deployment left on its old engine
+    waiting: list[str] = []
+    # vLLM: every architecture also needs the fetched checkpoint; until it is there, an
+    # architecture is as not Ready as if its own plans were missing.
+    checkpoint = plan.checkpoint
+    checkpoint_key = checkpoint.key if checkpoint is not None else ""
+    for target in plan.targets:
+        arch = target.identity.gpu_arch
+        st = states[target.key]
+        if checkpoint is not None and st.state == "Ready":
+            ckpt = states[checkpoint.key]
+            if ckpt.state != "Ready":
+                st = dataclasses.replace(
+                    ckpt, message=f"checkpoint {checkpoint_key[:12]}: {ckpt.message}"
+                )
+        if st.state == "Ready":
+            fresh[arch] = (target.key, target.products)
+        elif arch in existing:
+            frozen[arch] = existing[arch]
+            old = served_key(existing[arch])
+            waiting.append(
+                f"{arch} serves engine {old[:12]} until engine {target.key[:12]} is built "
+                f"({st.state}: {st.message})"
+            )
+    served = sorted(set(fresh) | set(frozen))
+    shares = workloads.split_replicas(desired_total, [(a, capacity.get(a, 0)) for a in served])
+    effects: list[ApplyObject | PatchObject | DeleteObject] = []
+    keys: set[str] = set()
+    for arch in sorted(fresh):
+        key, products = fresh[arch]
+        keys.add(key)
+        if checkpoint_key:
+            keys.add(checkpoint_key)
+        repo, deployment = workloads.render_architecture(
+            body,
+            svc,
+            ArchServing(arch, key, products, shares[arch], checkpoint_key),
+            namespace,
+            settings,
+        )
+        for obj in (repo, deployment):
+            seen = world.owned(obj["kind"], namespace, obj["metadata"]["name"])
+            drifted = (
+                obj["kind"] == "Deployment"
+                and seen is not None
+                and ((seen.get("spec") or {}).get("replicas") != obj["spec"]["replicas"])
+            )  # scaled by a merge patch while frozen, or by hand: the hash alone would miss it
+            if drifted or workloads.applied_hash(seen) != workloads.applied_hash(obj):
+                effects.append(ApplyObject(obj))
+    for arch, stale in sorted(frozen.items()):
+        keys.update(k for k in (served_key(stale), served_checkpoint(stale)) if k)
+        if int((stale.get("spec") or {}).get("replicas") or 0) != shares[arch]:
+            effects.append(
+                PatchObject(
+                    "Deployment",
+                    namespace,
+                    str(stale["metadata"]["name"]),
+                    {"spec": {"replicas": shares[arch]}},
+                )
+            )
+    planned_archs = {t.identity.gpu_arch for t in plan.targets}
+    # Architectures that still have GPU nodes, Ready or not: a drained, NotReady or cordoned
+    # node must not take its architecture's fleet down; only the spec, or the last node of
+    # the architecture leaving the cluster, does.
+    present: set[str] = set()
+    for node in world.gpu_nodes():
+        whatever_its_state = dataclasses.replace(
+            node, ready=True, gpus=max(node.gpus, svc.serving.gpus_per_replica)
+        )
+        if not gpus.eligible(
+            whatever_its_state,
+            svc.serving.node_selector,
+            svc.serving.tolerations,
+            svc.serving.affinity,
+            svc.serving.gpus_per_replica,
+        ):
+            continue  # the spec keeps the service off this node
+        with contextlib.suppress(gpus.UnknownGPUProduct):
+            present.add(gpus.architecture(node.product))
+    for arch, gone in sorted(existing.items()):
+        if arch not in planned_archs and not svc.engine.gpu_products and arch in present:
+            # left as it is, its engine (and checkpoint) kept by the cleanup
+            keys.update(k for k in (served_key(gone), served_checkpoint(gone)) if k)
+            continue
+        if arch not in planned_archs:
+            dmeta = gone.get("metadata") or {}
+            effects.append(
+                DeleteObject(
+                    "Deployment",
+                    namespace,
+                    str(dmeta.get("name")),
+                    str(dmeta.get("uid") or ""),
+                    f"the service no longer runs on {arch}",
+                )
+            )
+    if served:
+        for obj in (
+            workloads.render_service(body, namespace),
+            workloads.render_disruption_budget(body, namespace),
+        ):
+            seen = world.owned(obj["kind"], namespace, obj["metadata"]["name"])
+            if workloads.applied_hash(seen) != workloads.applied_hash(obj):
+                effects.append(ApplyObject(obj))
+
+    replicas = sum(_count(d, "replicas") for a, d in existing.items() if a in served)
+    ready = sum(_count(d, "readyReplicas") for a, d in existing.items() if a in served)
+    updated = all(
+        _count(d, "updatedReplicas") >= int((d.get("spec") or {}).get("replicas") or 0)
+        and int((d.get("status") or {}).get("observedGeneration") or 0)
+        >= int((d.get("metadata") or {}).get("generation") or 0)
+        for a, d in existing.items()
+        if a in fresh
+    )
+    entries = [
+        {
+            "gpuArch": arch,
+            "deployment": workloads.deployment_name(name, arch),
+            "engineKey": fresh[arch][0] if arch in fresh else served_key(frozen[arch]),
+            "desiredReplicas": shares[arch],
+            "readyReplicas": _count(existing[arch], "readyReplicas") if arch in existing else 0,
+        }
+        for arch in served
+    ]
+    status: dict[str, Any] = {
+        "replicas": replicas,
+        "readyReplicas": ready,
+        "selector": workloads.selector(name),
+        "readySummary": f"{ready}/{desired_total}",
+        "serving": entries,
+    }
+    if served:
+        status["endpoints"] = workloads.endpoints(name, namespace)
+    stuck = unschedulable(world.serving_pods(namespace, name))
+    conditions: list[Mapping[str, Any]] = []
+    all_ready = bool(served) and ready >= desired_total and not frozen and not effects
+    if not served:
+        available = {
+            "type": "Available",
+            "status": "False",
+            "reason": "EnginesNotReady",
+            "message": "serving starts once an engine is built for the service's GPUs",
+        }
+    elif ready >= max(1, desired_total) or (desired_total == 0 and ready == 0):
+        available = {
+            "type": "Available",
+            "status": "True",
+            "reason": "ReplicasReady",
+            "message": f"{ready}/{desired_total} Triton replicas ready",
+        }
+    else:
+        available = {
+            "type": "Available",
+            "status": "False",
+            "reason": "ReplicasNotReady",
+            "message": f"{ready}/{desired_total} Triton replicas ready"
+            + (f"; {stuck}" if stuck else ""),
+        }
+    conditions.append(available)
+    rejected = [f"{n}: {m}" for n, m in sorted(refused.items()) if n in _names(effects)]
+    if rejected:
+        progressing = {
+            "type": "Progressing",
+            "status": "False",
+            "reason": "ApplyFailed",
+            "message": "the API server refused " + "; ".join(rejected),
+        }
+    elif stuck:
+        progressing = {
+            "type": "Progressing",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": stuck,
+        }
+    elif waiting:
+        failed = any("Failed" in w for w in waiting)
+        progressing = {
+            "type": "Progressing",
+            "status": "False" if failed else "True",
+            "reason": "NewEngineFailed" if failed else "WaitingForEngine",
+            "message": "; ".join(waiting),
+        }
+    elif served and (effects or not updated or ready < desired_total):
+        progressing = {
+            "type": "Progressing",
+            "status": "True",
+            "reason": "RollingOut",
+            "message": f"{ready}/{desired_total} replicas ready on "
+            + ", ".join(f"{e['gpuArch']} ({e['desiredReplicas']})" for e in entries),
+        }
+    else:
+        progressing = {
+            "type": "Progressing",
+            "status": "False" if not served else "True",
+            "reason": "Complete" if served else "EnginesNotReady",
+            "message": "every replica serves its architecture's current engine"
+            if served
+            else "nothing to deploy yet",
+        }
+    conditions.append(progressing)
+    return ServingPlan(
+        effects=tuple(effects),
+        status=status,
+        conditions=tuple(conditions),
+        served_keys=frozenset(keys),
+        ready=all_ready and updated,
+    )

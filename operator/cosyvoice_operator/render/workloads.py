@@ -1,0 +1,510 @@
+"""The serving workloads of a service (pure): the Triton model repository ConfigMap, one
+Deployment per GPU architecture whose engine is Ready, the Service and the
+PodDisruptionBudget.
+
+Every object is owned by the CosyVoiceService (so the garbage collector removes it with the
+service) and carries the hash of what the operator rendered (`applied-hash`): a pass whose
+rendering did not change finds the same hash on the cached object and writes nothing.
+
+How `spec.replicas` is split over architectures: the architectures whose engine is Ready are
+ordered by how many eligible GPUs their nodes offer (most first, then by name) and the
+replicas are dealt out in turn, so the counts differ by at most one and always add up to the
+desired total (3 replicas over sm_89 and sm_90 with more sm_90 GPUs: sm_90 2, sm_89 1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cosyvoice_operator.api.gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE, GPU_TOLERATION
+from cosyvoice_operator.api.spec import ServiceSpec
+from cosyvoice_operator.render import triton
+from cosyvoice_operator.render.buildjob import GROUP
+
+SERVICE_LABEL = f"{GROUP}/service"
+ARCH_LABEL = f"{GROUP}/gpu-arch"
+KEY_LABEL = f"{GROUP}/engine-key"
+HASH_ANNOTATION = f"{GROUP}/applied-hash"
+REPO_HASH_ANNOTATION = f"{GROUP}/repository-hash"
+CHECKPOINT_ANNOTATION = f"{GROUP}/checkpoint-key"
+MANAGER = "cosyvoice-operator"
+ENGINES_MOUNT = "/engines"
+REPO_MOUNT = "/etc/cosyvoice/repository"
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+CONTAINER = "triton"
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """Operator-wide knobs of serving pods (from the operator's configuration)."""
+
+    default_image: str = "ghcr.io/cosyvoice-operator/cosyvoice-triton:0.1.0-trtllm0.20.0"
+    # spec.model.llmRuntime vllm: the serving image with vLLM beside Triton
+    # (serving-image/Dockerfile, target vllm).
+    default_vllm_image: str = "ghcr.io/cosyvoice-operator/cosyvoice-triton:0.1.0-vllm"
+    # The share of each GPU a vLLM server may take (vllm serve --gpu-memory-utilization):
+    # the flow estimator and vocoder share the GPU, as with upstream's trtllm-serve, which
+    # takes 0.4 of the free memory for its KV cache.
+    vllm_gpu_memory_utilization: float = 0.4
+    # How long a pod may take to load its engines before the startup probe gives up.
+    startup_seconds: int = 900
+    # How long in-flight streams may run on after a pod is told to stop.
+    drain_seconds: int = 120
+    shm_size: str = "2Gi"
+    service_account: str = ""
+    image_pull_secrets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ArchServing:
+    """One architecture's Deployment: the engine it serves and its share of the replicas."""
+
+    gpu_arch: str
+    key: str
+    products: tuple[str, ...]
+    replicas: int
+    # vLLM: the key of the fetched checkpoint the pods serve the LLM from.
+    checkpoint_key: str = ""
+
+
+def short(arch: str) -> str:
+    return arch.replace("_", "")
+
+
+def _name(prefix: str, service: str, suffix: str = "", limit: int = 63) -> str:
+    """A DNS label made of parts, shortened with a hash of the whole when too long."""
+    full = f"{prefix}-{service}{'-' + suffix if suffix else ''}"
+    if len(full) <= limit:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
+    keep = limit - len(prefix) - len(suffix) - len(digest) - 3 - (1 if suffix else 0)
+    return f"{prefix}-{service[:keep].rstrip('-')}-{digest}{'-' + suffix if suffix else ''}"
+
+
+def service_name(service: str) -> str:
+    return _name("cvs", service)
+
+
+def deployment_name(service: str, arch: str) -> str:
+    return _name("cvs", service, short(arch))
+
+
+def repository_name(service: str, arch: str) -> str:
+    return _name("cvs", service, f"{short(arch)}-repo", limit=253)
+
+
+def selector_labels(service: str) -> dict[str, str]:
+    return {SERVICE_LABEL: service}
+
+
+def selector(service: str) -> str:
+    """The label selector of every serving pod of the service (the scale subresource's)."""
+    return f"{SERVICE_LABEL}={service}"
+
+
+def common_labels(service: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "cosyvoice-triton",
+        "app.kubernetes.io/instance": service,
+        "app.kubernetes.io/component": "serving",
+        "app.kubernetes.io/managed-by": MANAGER,
+        SERVICE_LABEL: service,
+    }
+
+
+def split_replicas(total: int, archs: Sequence[tuple[str, int]]) -> dict[str, int]:
+    """Deal `total` replicas over (arch, eligible GPUs) pairs; see the module docstring."""
+    order = sorted(archs, key=lambda a: (-a[1], a[0]))
+    shares = {arch: 0 for arch, _ in order}
+    for i in range(total):
+        if not order:
+            break
+        shares[order[i % len(order)][0]] += 1
+    return shares
+
+
+def owner(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": body.get("apiVersion", "tts.cosyvoice.dev/v1alpha1"),
+        "kind": body.get("kind", "CosyVoiceService"),
+        "name": meta.get("name"),
+        "uid": meta.get("uid"),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def stamp(obj: dict[str, Any]) -> dict[str, Any]:
+    """Record in the object the hash of everything rendered (see the module docstring)."""
+    digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+    obj["metadata"].setdefault("annotations", {})[HASH_ANNOTATION] = digest
+    return obj
+
+
+def applied_hash(obj: Mapping[str, Any] | None) -> str:
+    return str(
+        (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(HASH_ANNOTATION, "")
+    )
+
+
+def render_repository(
+    body: Mapping[str, Any],
+    svc: ServiceSpec,
+    arch: str,
+    key: str,
+    namespace: str,
+    checkpoint_key: str = "",
+) -> dict[str, Any]:
+    """The ConfigMap of one architecture's model repository: `<model>.pbtxt` per model."""
+    name = str((body.get("metadata") or {}).get("name"))
+    checkpoint_dir = f"{ENGINES_MOUNT}/{checkpoint_key}" if checkpoint_key else ""
+    configs = triton.render_repository(svc, f"{ENGINES_MOUNT}/{key}", checkpoint_dir)
+    return stamp(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": repository_name(name, arch),
+                "namespace": namespace,
+                "labels": {**common_labels(name), ARCH_LABEL: arch},
+                "ownerReferences": [owner(body)],
+            },
+            "data": {f"{model}.pbtxt": text for model, text in sorted(configs.items())},
+        }
+    )
+
+
+def _affinity(user: Mapping[str, Any], products: Sequence[str]) -> dict[str, Any]:
+    """The user's affinity with the architecture's products ANDed into every required node
+    selector term (terms are ORed, so the expression must be in each)."""
+    ours = {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": sorted(products)}
+    affinity = json.loads(json.dumps(dict(user or {})))
+    node = affinity.setdefault("nodeAffinity", {})
+    required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [
+        {**t, "matchExpressions": [*(t.get("matchExpressions") or []), ours]} for t in terms
+    ]
+    return dict(affinity)
+
+
+def _tolerations(svc: ServiceSpec) -> list[dict[str, Any]]:
+    """The GPU taint's toleration and the service's own, each once."""
+    found: list[dict[str, Any]] = []
+    for t in (GPU_TOLERATION, *svc.serving.tolerations):
+        if dict(t) not in found:
+            found.append(dict(t))
+    return found
+
+
+def _resources(svc: ServiceSpec) -> dict[str, Any]:
+    user = svc.serving.resources or {}
+    requests = {**(user.get("requests") or {}), GPU_RESOURCE: str(svc.serving.gpus_per_replica)}
+    limits = {**(user.get("limits") or {}), GPU_RESOURCE: str(svc.serving.gpus_per_replica)}
+    return {"requests": requests, "limits": limits}
+
+
+def serve_args(
+    svc: ServiceSpec, key: str, settings: ServingSettings, checkpoint_key: str = ""
+) -> list[str]:
+    """The serving container's command line (`cosyvoice-engine-builder serve`)."""
+    args = [
+        "--engine-dir",
+        f"{ENGINES_MOUNT}/{key}",
+        "--key",
+        key,
+        "--variant",
+        svc.model.variant,
+        "--repository-config",
+        REPO_MOUNT,
+        "--model-repository",
+        "/tmp/model_repository",
+        "--http-port",
+        str(HTTP_PORT),
+        "--grpc-port",
+        str(GRPC_PORT),
+        "--metrics-port",
+        str(METRICS_PORT),
+        "--exit-timeout-seconds",
+        str(settings.drain_seconds),
+    ]
+    if triton.llm_beside_triton(svc):
+        groups = ";".join(",".join(str(g) for g in grp) for grp in triton.llm_groups(svc))
+        args += ["--llm-groups", groups, "--llm-base-port", str(triton.LLM_BASE_PORT)]
+    if svc.model.llm_runtime == "vllm":
+        if not checkpoint_key:
+            raise ValueError("a vLLM service's pods need the key of its fetched checkpoint")
+        # vLLM's settings are flags of its server, not part of any build: changing them
+        # rolls the pods and rebuilds nothing.
+        args += [
+            "--llm-runtime",
+            "vllm",
+            "--checkpoint-dir",
+            f"{ENGINES_MOUNT}/{checkpoint_key}",
+            "--checkpoint-key",
+            checkpoint_key,
+            "--llm-dtype",
+            svc.engine.precision,
+            "--llm-kv-cache-dtype",
+            svc.engine.kv_cache_type,
+            "--llm-max-batch-size",
+            str(svc.engine.max_batch_size),
+            "--llm-max-num-tokens",
+            str(svc.engine.max_num_tokens),
+            "--llm-gpu-memory-utilization",
+            f"{settings.vllm_gpu_memory_utilization:g}",
+            "--llm-served-model-name",
+            triton.VLLM_SERVED_MODEL_NAME,
+        ]
+    return args
+
+
+def render_architecture(
+    body: Mapping[str, Any],
+    svc: ServiceSpec,
+    target: ArchServing,
+    namespace: str,
+    settings: ServingSettings,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One architecture's repository ConfigMap and its Deployment, whose pod template carries
+    the repository's hash (a new repository rolls the pods)."""
+    repo = render_repository(
+        body, svc, target.gpu_arch, target.key, namespace, target.checkpoint_key
+    )
+    digest = hashlib.sha256(json.dumps(repo["data"], sort_keys=True).encode()).hexdigest()[:16]
+    return repo, render_deployment(body, svc, target, namespace, settings, digest)
+
+
+def render_deployment(
+    body: Mapping[str, Any],
+    svc: ServiceSpec,
+    target: ArchServing,
+    namespace: str,
+    settings: ServingSettings,
+    repository_hash: str,
+) -> dict[str, Any]:
+    name = str((body.get("metadata") or {}).get("name"))
+    labels = {**common_labels(name), ARCH_LABEL: target.gpu_arch}
+    pod_labels = {**labels, KEY_LABEL: target.key}
+    ports = [
+        {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+        {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+    ]
+    for i, port in enumerate(triton.llm_ports(svc)):
+        ports.append({"name": f"llm-{i}", "containerPort": port, "protocol": "TCP"})
+    probe = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "timeoutSeconds": 5}
+    vllm = svc.model.llm_runtime == "vllm"
+    default_image = settings.default_vllm_image if vllm else settings.default_image
+    mounts: list[dict[str, Any]] = [
+        # Only this engine's directory, read-only: a pod cannot see or touch another.
+        {
+            "name": "engines",
+            "mountPath": f"{ENGINES_MOUNT}/{target.key}",
+            "subPath": target.key,
+            "readOnly": True,
+        },
+    ]
+    if target.checkpoint_key:
+        # vLLM: the fetched release (the LLM's Hugging Face checkpoint), shared by every
+        # architecture, from the same cache claim.
+        mounts.append(
+            {
+                "name": "engines",
+                "mountPath": f"{ENGINES_MOUNT}/{target.checkpoint_key}",
+                "subPath": target.checkpoint_key,
+                "readOnly": True,
+            }
+        )
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": svc.serving.image or default_image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": serve_args(svc, target.key, settings, target.checkpoint_key),
+        "ports": ports,
+        "env": [
+            {"name": "HOME", "value": "/tmp"},
+            *[{"name": k, "value": v} for k, v in sorted(triton.server_environment(svc).items())],
+        ],
+        "resources": _resources(svc),
+        "volumeMounts": [
+            *mounts,
+            {"name": "repository", "mountPath": REPO_MOUNT, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "shm", "mountPath": "/dev/shm"},
+        ],
+        "startupProbe": {
+            **probe,
+            "periodSeconds": 10,
+            "failureThreshold": max(1, settings.startup_seconds // 10),
+        },
+        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {
+            "httpGet": {"path": "/v2/health/live", "port": "http"},
+            "timeoutSeconds": 5,
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        # Out of the Service's endpoints first, then Triton is told to stop and lets the
+        # streams in flight finish (--exit-timeout-seconds).
+        "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": settings.drain_seconds + 15,
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "affinity": _affinity(svc.serving.affinity, target.products),
+        "tolerations": _tolerations(svc),
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {
+                    "matchLabels": {SERVICE_LABEL: name, ARCH_LABEL: target.gpu_arch}
+                },
+            }
+        ],
+        "volumes": [
+            {
+                "name": "engines",
+                "persistentVolumeClaim": {
+                    "claimName": svc.engine.cache_claim_name,
+                    "readOnly": True,
+                },
+            },
+            {"name": "repository", "configMap": {"name": repository_name(name, target.gpu_arch)}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
+        ],
+    }
+    if svc.serving.node_selector:
+        pod_spec["nodeSelector"] = dict(svc.serving.node_selector)
+    if settings.service_account:
+        pod_spec["serviceAccountName"] = settings.service_account
+    if settings.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
+    return stamp(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                "name": deployment_name(name, target.gpu_arch),
+                "namespace": namespace,
+                "labels": labels,
+                "annotations": {
+                    KEY_LABEL: target.key,
+                    **(
+                        {CHECKPOINT_ANNOTATION: target.checkpoint_key}
+                        if target.checkpoint_key
+                        else {}
+                    ),
+                },
+                "ownerReferences": [owner(body)],
+            },
+            "spec": {
+                "replicas": target.replicas,
+                "selector": {"matchLabels": {SERVICE_LABEL: name, ARCH_LABEL: target.gpu_arch}},
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+                },
+                "revisionHistoryLimit": 3,
+                "template": {
+                    "metadata": {
+                        "labels": pod_labels,
+                        "annotations": {
+                            # A batching change is a new repository: the pods roll.
+                            REPO_HASH_ANNOTATION: repository_hash,
+                            "prometheus.io/scrape": "true",
+                            "prometheus.io/port": str(METRICS_PORT),
+                            "prometheus.io/path": "/metrics",
+                        },
+                    },
+                    "spec": pod_spec,
+                },
+            },
+        }
+    )
+
+
+def render_service(body: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+    name = str((body.get("metadata") or {}).get("name"))
+    return stamp(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": service_name(name),
+                "namespace": namespace,
+                "labels": common_labels(name),
+                "ownerReferences": [owner(body)],
+            },
+            "spec": {
+                "type": "ClusterIP",
+                "selector": selector_labels(name),
+                "ports": [
+                    {
+                        "name": "grpc",
+                        "port": GRPC_PORT,
+                        "targetPort": "grpc",
+                        "protocol": "TCP",
+                        "appProtocol": "grpc",
+                    },
+                    {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                    {
+                        "name": "metrics",
+                        "port": METRICS_PORT,
+                        "targetPort": "metrics",
+                        "protocol": "TCP",
+                    },
+                ],
+            },
+        }
+    )
+
+
+def render_disruption_budget(body: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+    name = str((body.get("metadata") or {}).get("name"))
+    return stamp(
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {
+                "name": service_name(name),
+                "namespace": namespace,
+                "labels": common_labels(name),
+                "ownerReferences": [owner(body)],
+            },
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name)}},
+        }
+    )
+
+
+def endpoints(service: str, namespace: str) -> dict[str, str]:
+    host = f"{service_name(service)}.{namespace}.svc"
+    return {
+        "grpc": f"{host}:{GRPC_PORT}",
+        "http": f"{host}:{HTTP_PORT}",
+        "metrics": f"http://{host}:{METRICS_PORT}/metrics",
+    }

@@ -1,0 +1,154 @@
+"""The operator's own configuration, read once from its environment (set by the Helm chart)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from cosyvoice_operator.render.buildjob import BuildSettings
+from cosyvoice_operator.render.workloads import ServingSettings
+
+
+class ConfigError(ValueError):
+    """A bad operator setting; names the environment variable."""
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name}={raw!r}: expected a finite, non-negative number")
+    return value
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = _float(env, name, default)
+    if value != int(value):
+        raise ConfigError(f"{name}={env.get(name)!r}: expected a non-negative integer")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    build: BuildSettings = field(default_factory=BuildSettings)
+    serving: ServingSettings = field(default_factory=ServingSettings)
+    # Image prefixes services may name for the builder and serving images (empty: any).
+    allowed_image_prefixes: tuple[str, ...] = ()
+    # How long an engine no service references is kept before it is removed.
+    engine_retention_seconds: float = 7 * 24 * 3600.0
+    # How long a build Job no service asks for any more may run on before it is deleted.
+    superseded_grace_seconds: float = 30.0
+    # Reconciles run at once (each service by one at a time).
+    workers: int = 4
+    # The rate window of the autoscaler's Prometheus queries.
+    metrics_window_seconds: int = 60
+    prometheus_url: str = ""
+    # With kopf peering: how long a replica that stopped touching the peering object is
+    # still taken for alive (kopf's lifetime); a standby takes over after it.
+    peering_lifetime_seconds: int = 60
+
+
+def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
+    env = os.environ if env is None else env
+    defaults = BuildSettings()
+    annotations_raw = env.get("COSYVOICE_BUILD_POD_ANNOTATIONS", "")
+    try:
+        annotations = json.loads(annotations_raw) if annotations_raw else {}
+    except ValueError:
+        raise ConfigError(
+            f"COSYVOICE_BUILD_POD_ANNOTATIONS={annotations_raw!r}: expected a JSON object"
+        ) from None
+    if not isinstance(annotations, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+    ):
+        raise ConfigError("COSYVOICE_BUILD_POD_ANNOTATIONS: expected a JSON object of strings")
+    pull = tuple(s for s in env.get("COSYVOICE_IMAGE_PULL_SECRETS", "").split(",") if s)
+    prefixes = tuple(
+        p.strip() for p in env.get("COSYVOICE_ALLOWED_IMAGE_PREFIXES", "").split(",") if p.strip()
+    )
+    for prefix in prefixes:
+        if not prefix.endswith(("/", ":", "@")):
+            raise ConfigError(
+                f"COSYVOICE_ALLOWED_IMAGE_PREFIXES: {prefix!r} must end with '/', ':' or '@' "
+                f"(else {prefix + '-evil/...'!r} would be allowed too)"
+            )
+    retention = _float(env, "COSYVOICE_ENGINE_RETENTION_SECONDS", 7 * 24 * 3600.0)
+    grace = _float(env, "COSYVOICE_SUPERSEDED_GRACE_SECONDS", 30.0)
+    workers = _int(env, "COSYVOICE_WORKERS", 4)
+    window = _int(env, "COSYVOICE_METRICS_WINDOW_SECONDS", 60)
+    if window < 2:
+        raise ConfigError("COSYVOICE_METRICS_WINDOW_SECONDS: at least 2 (two scrapes)")
+    if workers < 1:
+        raise ConfigError("COSYVOICE_WORKERS: at least 1")
+    lifetime = _int(env, "COSYVOICE_PEERING_LIFETIME_SECONDS", 60)
+    if lifetime < 10:
+        # kopf renews its entry 5 to 10 s before it lapses: a shorter lifetime would let
+        # the active replica lapse between renewals and two replicas act at once.
+        raise ConfigError(
+            f"COSYVOICE_PEERING_LIFETIME_SECONDS={env.get('COSYVOICE_PEERING_LIFETIME_SECONDS')!r}"
+            ": must be at least 10"
+        )
+    deadline = _int(env, "COSYVOICE_BUILD_DEADLINE_SECONDS", defaults.active_deadline_seconds)
+    if deadline < 1:
+        raise ConfigError(
+            f"COSYVOICE_BUILD_DEADLINE_SECONDS={env.get('COSYVOICE_BUILD_DEADLINE_SECONDS')!r}: "
+            "a build needs at least 1 second (the API rejects 0)"
+        )
+    ttl = _int(env, "COSYVOICE_BUILD_TTL_SECONDS", defaults.ttl_seconds_after_finished)
+    max_attempts = max(1, _int(env, "COSYVOICE_BUILD_MAX_ATTEMPTS", defaults.max_attempts))
+    retry_base = _float(env, "COSYVOICE_BUILD_RETRY_BASE_SECONDS", defaults.retry_base_seconds)
+    # A finished Job is what the operator counts attempts and backoff from: it must outlive
+    # the longest wait before a retry (and half a minute more, for a busy operator to act),
+    # or the count starts over and a failing build is retried forever.
+    longest_wait = retry_base * 2 ** (max_attempts - 2) if max_attempts > 1 else 0
+    min_ttl = max(60, math.ceil(longest_wait + 30))
+    if ttl < min_ttl:
+        raise ConfigError(
+            f"COSYVOICE_BUILD_TTL_SECONDS={env.get('COSYVOICE_BUILD_TTL_SECONDS')!r}: must be at "
+            f"least {min_ttl} (60 s, and the longest retry wait plus 30 s), or a "
+            "finished build Job may be deleted before the operator records or retries it"
+        )
+    build = BuildSettings(
+        default_builder_image=env.get("COSYVOICE_BUILDER_IMAGE") or defaults.default_builder_image,
+        backoff_limit=_int(env, "COSYVOICE_BUILD_BACKOFF_LIMIT", defaults.backoff_limit),
+        active_deadline_seconds=deadline,
+        ttl_seconds_after_finished=ttl,
+        max_attempts=max_attempts,
+        retry_base_seconds=retry_base,
+        service_account=env.get("COSYVOICE_BUILD_SERVICE_ACCOUNT", ""),
+        pod_annotations=annotations,
+        image_pull_secrets=pull,
+        scratch_size=env.get("COSYVOICE_BUILD_SCRATCH_SIZE") or defaults.scratch_size,
+    )
+    if prefixes and not build.default_builder_image.startswith(prefixes):
+        raise ConfigError(
+            f"COSYVOICE_BUILDER_IMAGE={build.default_builder_image!r} is not under "
+            f"COSYVOICE_ALLOWED_IMAGE_PREFIXES ({', '.join(prefixes)})"
+        )
+    serving = ServingSettings(
+        default_image=env.get("COSYVOICE_SERVING_IMAGE") or ServingSettings().default_image
+    )
+    if prefixes and not serving.default_image.startswith(prefixes):
+        raise ConfigError(
+            f"COSYVOICE_SERVING_IMAGE={serving.default_image!r} is not under "
+            f"COSYVOICE_ALLOWED_IMAGE_PREFIXES ({', '.join(prefixes)})"
+        )
+    return OperatorConfig(
+        build=build,
+        serving=serving,
+        allowed_image_prefixes=prefixes,
+        engine_retention_seconds=retention,
+        superseded_grace_seconds=grace,
+        workers=workers,
+        metrics_window_seconds=window,
+        prometheus_url=env.get("COSYVOICE_PROMETHEUS_URL", ""),
+        peering_lifetime_seconds=lifetime,
+    )

@@ -1,0 +1,427 @@
+"""What Prometheus says about one service's Triton pods: the autoscaler's only input.
+
+``await PrometheusSource(url).sample(namespace, pods, model)`` reads, over the pods given
+(the service's Ready pods) and the orchestrator model only:
+
+- ``queue_latency_ms``: time a request waited in Triton's queue, per completed request over
+  the window (``nv_inference_queue_duration_us`` over ``nv_inference_request_success``).
+  The divisor is clamped to a tiny epsilon, not to 1: a TTS fleet can complete fewer than
+  one request per second, and a clamp at 1 would then under-report the wait;
+- ``pending_requests``: queued requests now (``nv_inference_pending_request_count``), the
+  only signal that leads, since Triton updates its counters when a request completes;
+- ``in_flight``: requests in the system on average, by Little's law (the rate of request
+  time, ``nv_inference_request_duration_us``, is the mean number of requests in progress);
+- ``completion_rate``: completed requests per second;
+- ``first_response_p95_ms``: the 95th percentile of time to first response, when Triton
+  exports its first-response histogram (off by default, and absent for Python-backend
+  decoupled models on Triton 2.51); else None;
+- ``llm_waiting`` / ``llm_running``: requests waiting for and running in the pods' vLLM
+  servers (``vllm:num_requests_waiting`` / ``vllm:num_requests_running``), where those
+  series exist (``spec.model.llmRuntime: vllm``, their ports scraped); else None. The
+  waiting ones are added to ``pending_requests``: the orchestrator holds them while they
+  wait, so Triton counts them as executing, yet they are queued work all the same.
+
+The point of the module is to never turn "Prometheus does not know" into a number. A sample
+is ``available`` only when the pods' series are there and fresh; otherwise it says why:
+
+- ``NoData``: no series for these pods (not scraped, not labelled ``namespace``/``pod``,
+  the target stopped and its series went stale, or too few samples for a rate yet);
+- ``Stale``: series exist, but the newest sample is older than ``stale_seconds``
+  (Prometheus stopped scraping without marking them stale, e.g. across its own restart);
+- ``NotANumber``: a signal came back NaN or infinite;
+- ``QueryFailed``: Prometheus answered with an error (a bad query, a 5xx);
+- ``Unreachable``: no connection, or no answer within ``timeout_seconds``.
+
+"No traffic" is different from all of these: fresh series whose rates and gauge are all 0
+give an available sample with ``no_traffic`` set and a queue latency of 0.
+
+Freshness is judged first, per pod, from the gauge (an instant selector honours Prometheus'
+staleness markers, so a target that stopped answering drops out at once); the rates are then
+taken over the fresh pods only, so that a pod that stopped does not keep contributing its
+last minute of counters. ``pods_seen`` counts those fresh pods: the number to divide by for
+a per-pod figure. (A pod that just started is seen from its first scrape; its rates join the
+sums once it has two samples in the window.) What ``stale_seconds`` cannot catch: samples
+younger than it that no marker ended, i.e. for up to ``stale_seconds`` after Prometheus
+restarts, a target it no longer scrapes still reads as its last samples; keep it to a few
+scrape intervals.
+
+The client (prometheus-api-client) blocks: every sample runs in a worker thread
+(``asyncio.to_thread``), one client per thread, under an overall timeout.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import math
+import re
+import threading
+import time
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
+
+from cosyvoice_operator.autoscaling.sample import (
+    NO_DATA,
+    NOT_A_NUMBER,
+    QUERY_FAILED,
+    STALE,
+    UNREACHABLE,
+    Sample,
+    unavailable,
+)
+
+__all__ = [
+    "NOT_A_NUMBER",
+    "NO_DATA",
+    "QUERY_FAILED",
+    "STALE",
+    "UNREACHABLE",
+    "PrometheusSource",
+    "Sample",
+    "unavailable",
+]
+
+# Triton's metric names (port 8002, /metrics).
+PENDING = "nv_inference_pending_request_count"
+SUCCESS = "nv_inference_request_success"
+QUEUE_US = "nv_inference_queue_duration_us"
+REQUEST_US = "nv_inference_request_duration_us"
+FIRST_RESPONSE_BUCKET = "nv_inference_first_response_histogram_ms_bucket"
+# vLLM's gauges (its /metrics, on each LLM server's port); no model label of Triton's.
+VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_RUNNING = "vllm:num_requests_running"
+# Completions per second below which the queue-time ratio stops dividing (see the docstring).
+EPSILON = 1e-6
+FIRST_RESPONSE_QUANTILE = 0.95
+
+
+class QueryClient(Protocol):
+    """The one call of ``PrometheusConnect`` used here (a fake stands in for it in tests)."""
+
+    def custom_query(self, query: str) -> Any: ...
+
+
+# ---- PromQL (pure) -----------------------------------------------------------------------
+
+_REGEX_SPECIAL = set("\\.^$|?*+()[]{}")
+
+
+def _string(value: str) -> str:
+    """A PromQL double-quoted string literal."""
+    return json.dumps(value)
+
+
+def pod_regex(pods: Sequence[str]) -> str:
+    """An anchored regular expression matching exactly these pod names."""
+    escaped = ("".join("\\" + c if c in _REGEX_SPECIAL else c for c in p) for p in sorted(pods))
+    return "^(" + "|".join(escaped) + ")$"
+
+
+def selector(namespace: str, pods: Sequence[str], model: str) -> str:
+    """The label matchers of one service's pods and one model, inside ``{...}``."""
+    return f"namespace={_string(namespace)},pod=~{_string(pod_regex(pods))},model={_string(model)}"
+
+
+def pod_selector(namespace: str, pods: Sequence[str]) -> str:
+    """The label matchers of one service's pods, whatever the model."""
+    return f"namespace={_string(namespace)},pod=~{_string(pod_regex(pods))}"
+
+
+@dataclass(frozen=True)
+class Queries:
+    """The PromQL of one sample, for a selector and a rate window."""
+
+    freshness: str
+    pending: str
+    queue_latency_ms: str
+    in_flight: str
+    completion_rate: str
+    first_response_p95_ms: str
+    llm_waiting: str = ""
+    llm_running: str = ""
+
+    @classmethod
+    def build(cls, matchers: str, window_seconds: int, pod_matchers: str = "") -> Queries:
+        w = f"[{window_seconds}s]"
+
+        def rate_sum(metric: str) -> str:
+            return f"sum(rate({metric}{{{matchers}}}{w}))"
+
+        completions = rate_sum(SUCCESS)
+        return cls(
+            freshness=f"max by (pod) (timestamp({PENDING}{{{matchers}}}))",
+            pending=f"sum({PENDING}{{{matchers}}})",
+            queue_latency_ms=(
+                f"1e-3 * {rate_sum(QUEUE_US)} / clamp_min({completions}, {EPSILON:g})"
+            ),
+            in_flight=f"{rate_sum(REQUEST_US)} / 1e6",
+            completion_rate=completions,
+            first_response_p95_ms=(
+                f"histogram_quantile({FIRST_RESPONSE_QUANTILE}, "
+                f"sum by (le) (rate({FIRST_RESPONSE_BUCKET}{{{matchers}}}{w})))"
+            ),
+            llm_waiting=f'sum({{__name__="{VLLM_WAITING}",{pod_matchers}}})'
+            if pod_matchers
+            else "",
+            llm_running=f'sum({{__name__="{VLLM_RUNNING}",{pod_matchers}}})'
+            if pod_matchers
+            else "",
+        )
+
+
+# ---- reading answers (pure) --------------------------------------------------------------
+
+
+class _Unavailable(Exception):
+    def __init__(self, reason: str, message: str, pods_seen: int = 0) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.pods_seen = pods_seen
+
+
+def _points(result: Any, query: str) -> list[tuple[dict[str, str], float, float]]:
+    """(labels, evaluation time, value) of each element of an instant-vector answer."""
+    try:
+        points = []
+        for element in result:
+            at, raw = element["value"]
+            points.append((dict(element.get("metric") or {}), float(at), float(raw)))
+        return points
+    except (TypeError, KeyError, ValueError) as err:
+        raise _Unavailable(
+            QUERY_FAILED, f"unexpected answer to {query}: {str(result)[:200]} ({err})"
+        ) from None
+
+
+def _scalar(result: Any, query: str) -> float | None:
+    """The one value of an aggregated answer; None when the answer is empty."""
+    points = _points(result, query)
+    if not points:
+        return None
+    if len(points) > 1:
+        raise _Unavailable(QUERY_FAILED, f"{query} answered {len(points)} series, expected one")
+    return points[0][2]
+
+
+# ---- the source ----------------------------------------------------------------------------
+
+
+class PrometheusSource:
+    """Samples of one Prometheus, for any service (thread-safe; one client per thread)."""
+
+    def __init__(
+        self,
+        url: str,
+        window_seconds: int = 60,
+        timeout_seconds: float = 5.0,
+        stale_seconds: float = 120.0,
+        *,
+        client: QueryClient | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        # What messages (status, Events, logs) show: never the URL's user:password@.
+        self.shown_url = without_credentials(self.url)
+        self.window_seconds = window_seconds
+        self.timeout_seconds = timeout_seconds
+        self.stale_seconds = stale_seconds
+        self._client = client
+        self._local = threading.local()
+
+    def _connection(self) -> QueryClient:
+        if self._client is not None:
+            return self._client
+        client: QueryClient | None = getattr(self._local, "client", None)
+        if client is None:
+            # One quick retry of a refused connection; an HTTP error is an answer, not retried.
+            retry = Retry(total=1, connect=1, read=0, status=0, backoff_factor=0.1)
+            client = PrometheusConnect(
+                self.url,
+                retry=retry,
+                # requests takes a float; the client's annotation says int.
+                timeout=self.timeout_seconds,  # type: ignore[arg-type]
+            )
+            self._local.client = client
+        return client
+
+    async def sample(self, namespace: str, pods: Sequence[str], model: str) -> Sample:
+        """The signals of ``model`` over ``pods`` of ``namespace``; never raises for
+        anything Prometheus does (that is the sample's ``unavailable_reason``)."""
+        if not pods:
+            return unavailable(NO_DATA, "no pods to read metrics of")
+        try:
+            return await asyncio.wait_for(
+                asyncio.to_thread(self._sample, namespace, list(pods), model),
+                self.timeout_seconds,
+            )
+        except TimeoutError:
+            return unavailable(
+                UNREACHABLE,
+                f"Prometheus at {self.shown_url} did not answer within {self.timeout_seconds:g}s",
+            )
+
+    # Runs in a worker thread.
+    def _sample(self, namespace: str, pods: list[str], model: str) -> Sample:
+        deadline = time.monotonic() + self.timeout_seconds
+        try:
+            return self._read(namespace, pods, model, deadline)
+        except _Unavailable as err:
+            return unavailable(err.reason, err.message, err.pods_seen)
+
+    def _query(self, query: str, deadline: float) -> Any:
+        if time.monotonic() > deadline:
+            # The caller has given up already; do not keep Prometheus busy for nobody.
+            raise _Unavailable(UNREACHABLE, f"Prometheus at {self.shown_url}: out of time")
+        try:
+            return self._connection().custom_query(query)
+        except (requests.ConnectionError, requests.Timeout) as err:
+            raise _Unavailable(
+                UNREACHABLE, f"Prometheus at {self.shown_url} unreachable: {_connection_error(err)}"
+            ) from None
+        except PrometheusApiClientException as err:
+            raise _Unavailable(
+                QUERY_FAILED, f"Prometheus at {self.shown_url} refused {query}: {_api_error(err)}"
+            ) from None
+        except requests.RequestException as err:
+            raise _Unavailable(
+                QUERY_FAILED, f"Prometheus at {self.shown_url} failed on {query}: {err}"
+            ) from None
+        except ValueError as err:  # a body that is not JSON
+            raise _Unavailable(
+                QUERY_FAILED, f"Prometheus at {self.shown_url} gave no JSON for {query}: {err}"
+            ) from None
+
+    def _read(self, namespace: str, pods: list[str], model: str, deadline: float) -> Sample:
+        every = Queries.build(selector(namespace, pods, model), self.window_seconds)
+        fresh, newest_age = self._fresh_pods(every.freshness, pods, deadline)
+        if not fresh:
+            raise _Unavailable(
+                STALE,
+                f"the newest sample of {PENDING} of {model!r} for {len(pods)} pod(s) in "
+                f"{namespace!r} is {newest_age:.0f}s old (stale after {self.stale_seconds:g}s) "
+                f"at {self.shown_url}: is Prometheus still scraping them?",
+            )
+        seen = len(fresh)
+        q = Queries.build(
+            selector(namespace, fresh, model), self.window_seconds, pod_selector(namespace, fresh)
+        )
+        values: dict[str, float] = {}
+        for name, query in (
+            ("pending", q.pending),
+            ("queue_latency_ms", q.queue_latency_ms),
+            ("in_flight", q.in_flight),
+            ("completion_rate", q.completion_rate),
+        ):
+            value = _scalar(self._query(query, deadline), query)
+            if value is None:
+                raise _Unavailable(
+                    NO_DATA,
+                    f"{query} is empty at {self.shown_url} although {seen} pod(s) have fresh "
+                    "series: "
+                    f"fewer than two samples in the last {self.window_seconds}s (pods that "
+                    "just started?)",
+                    seen,
+                )
+            if not math.isfinite(value):
+                raise _Unavailable(NOT_A_NUMBER, f"{query} is {value} at {self.shown_url}", seen)
+            values[name] = value
+        p95 = _scalar(self._query(q.first_response_p95_ms, deadline), q.first_response_p95_ms)
+        # No histogram, or no observation in the window (histogram_quantile gives NaN): None.
+        first_response = p95 if p95 is not None and math.isfinite(p95) else None
+        # vLLM's gauges, where the pods have them (an empty answer: no vLLM, not "zero").
+        llm: dict[str, float | None] = {}
+        for name, query in (("waiting", q.llm_waiting), ("running", q.llm_running)):
+            value = _scalar(self._query(query, deadline), query)
+            llm[name] = value if value is not None and math.isfinite(value) else None
+        if llm["waiting"] is not None:
+            values["pending"] += llm["waiting"]
+        no_traffic = (
+            values["completion_rate"] == 0 and values["pending"] == 0 and values["in_flight"] == 0
+        )
+        return Sample(
+            available=True,
+            unavailable_reason="",
+            message=(
+                f"no traffic on {seen} pod(s)"
+                if no_traffic
+                else f"{seen} of {len(pods)} pod(s) reporting"
+            ),
+            queue_latency_ms=0.0 if no_traffic else values["queue_latency_ms"],
+            pending_requests=values["pending"],
+            in_flight=values["in_flight"],
+            completion_rate=values["completion_rate"],
+            no_traffic=no_traffic,
+            first_response_p95_ms=first_response,
+            pods_seen=seen,
+            llm_waiting=llm["waiting"],
+            llm_running=llm["running"],
+        )
+
+    def _fresh_pods(self, query: str, pods: list[str], deadline: float) -> tuple[list[str], float]:
+        """The given pods whose newest sample is recent enough, and the age of the newest
+        sample of the others (when none is recent)."""
+        points = _points(self._query(query, deadline), query)
+        if not points:
+            raise _Unavailable(
+                NO_DATA,
+                f"no series for {query} at {self.shown_url}: are the pods' metrics port scraped, "
+                "with target labels namespace and pod?",
+            )
+        wanted = set(pods)
+        fresh: list[str] = []
+        youngest = math.inf
+        for labels, at, sample_time in points:
+            pod = labels.get("pod", "")
+            if pod not in wanted:
+                continue
+            age = at - sample_time
+            if not math.isfinite(age):
+                raise _Unavailable(NOT_A_NUMBER, f"{query}: sample time {sample_time} of {pod}")
+            youngest = min(youngest, age)
+            if age <= self.stale_seconds:
+                fresh.append(pod)
+        if math.isinf(youngest):
+            raise _Unavailable(
+                NO_DATA, f"{query} at {self.shown_url} answered none of the pods asked"
+            )
+        return sorted(fresh), youngest
+
+
+def without_credentials(url: str) -> str:
+    """The URL without its ``user:password@`` part, for messages."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+
+
+def _connection_error(err: requests.RequestException) -> str:
+    """The operating system's words (``[Errno 111] Connection refused``, ``timed out``),
+    without the URL-encoded query that requests puts around them."""
+    text = str(err)
+    found = re.search(r"\[Errno -?\d+\][^'\")]*|[Rr]ead timed out|timed out", text)
+    return found.group(0).strip() if found else type(err).__name__
+
+
+def _api_error(err: PrometheusApiClientException) -> str:
+    """Prometheus' own words from the client's exception, when they are there.
+
+    The client's message is ``HTTP Status Code 400 (b'{"status":"error",...}')``: the
+    status, then the repr of the body, whose ``error`` says what was wrong with the query.
+    """
+    text = str(err)
+    status, _, rest = text.partition(" (")
+    try:
+        body = ast.literal_eval(rest.removesuffix(")"))
+        error = json.loads(body)
+        return f"{status}: {error['errorType']}: {error['error']}"
+    except (ValueError, SyntaxError, KeyError, TypeError):
+        return text[:300]
