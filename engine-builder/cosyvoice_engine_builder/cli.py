@@ -1,7 +1,8 @@
 """``cosyvoice-engine-builder``: the engine Jobs' entry point (``build|verify|remove``).
 
 It is also the serving container's (``serve``), whose exit codes are listed in
-:mod:`~cosyvoice_engine_builder.serve`; the rest of this docstring is about the Jobs.
+:mod:`~cosyvoice_engine_builder.serving.exit_codes`; the rest of this docstring is about the
+Jobs.
 
 Exit codes (the operator's Job and retry policy rely on them):
 
@@ -34,7 +35,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from cosyvoice_engine_builder import __version__, serve, termination
+from cosyvoice_engine_builder import __version__, termination
 from cosyvoice_engine_builder.fetch import Downloaders
 from cosyvoice_engine_builder.lock import LockTimeout
 from cosyvoice_engine_builder.manifest import verify_engine_dir
@@ -52,6 +53,8 @@ from cosyvoice_engine_builder.request import (
     validate_key,
 )
 from cosyvoice_engine_builder.runner import Runner
+from cosyvoice_engine_builder.serving.command import serve
+from cosyvoice_engine_builder.serving.options import add_arguments as add_serve_arguments
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -180,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for a builder of the same key (default: forever)",
     )
 
-    serve.add_arguments(
+    add_serve_arguments(
         sub.add_parser(
             "serve",
             help="the serving container: check the engine against this pod, then run "
@@ -237,7 +240,7 @@ def main(
     if args.command == "remove":
         return _remove(args, console, report)
     if args.command == "serve":
-        return serve.serve(args, env, console)
+        return serve(args, env, console)
     # build and prefetch: the same pipeline, prefetch with fetch and publish only.
     return _build(args, env, console, redactor, report, downloaders)
 

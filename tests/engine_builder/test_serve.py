@@ -32,7 +32,15 @@ from typing import Any
 import pytest
 
 import cosyvoice_engine_builder
-from cosyvoice_engine_builder import cli, serve
+from cosyvoice_engine_builder import cli
+from cosyvoice_engine_builder.serving import supervisor
+from cosyvoice_engine_builder.serving.options import ServeOptions, parse_llm_groups
+from cosyvoice_engine_builder.serving.repository import (
+    REPOSITORY_MARKER,
+    assemble_repository,
+    plan_repository,
+)
+from cosyvoice_engine_builder.serving.supervisor import exit_code_of, reap_orphans
 from tests.engine_builder.conftest import KEY, TRT_VERSION, TRTLLM_VERSION, Builder
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -630,13 +638,13 @@ def test_an_empty_repository_config_exits_2(pod: Pod) -> None:
 
 
 def test_the_repository_is_assembled_again_after_a_restart(pod: Pod) -> None:
-    options = serve.ServeOptions.from_args(cli.build_parser().parse_args(pod.argv()))
-    entries = serve.plan_repository(options)
-    serve.assemble_repository(pod.repository, entries)
+    options = ServeOptions.from_args(cli.build_parser().parse_args(pod.argv()))
+    entries = plan_repository(options)
+    assemble_repository(pod.repository, entries)
     (pod.repository / "stale_model").mkdir()
-    serve.assemble_repository(pod.repository, entries[:2])
+    assemble_repository(pod.repository, entries[:2])
     assert sorted(p.name for p in pod.repository.iterdir()) == sorted(
-        [serve.REPOSITORY_MARKER, *CV3_MODELS[:2]]
+        [REPOSITORY_MARKER, *CV3_MODELS[:2]]
     )
     model = pod.repository / CV3_MODELS[0]
     assert (model / "config.pbtxt").read_text() == f'name: "{CV3_MODELS[0]}"\nbackend: "python"\n'
@@ -688,7 +696,7 @@ def test_invalid_arguments_exit_2_with_a_termination_message(
     ],
 )
 def test_llm_groups_parse(text: str, groups: tuple[tuple[str, ...], ...]) -> None:
-    assert serve.parse_llm_groups(text) == groups
+    assert parse_llm_groups(text) == groups
 
 
 def test_cosyvoice3_defaults_to_one_group_of_the_engines_tensor_parallel_size(pod: Pod) -> None:
@@ -703,18 +711,18 @@ def test_orphans_are_reaped_and_our_children_are_left_alone() -> None:
     # Stands for a process this one inherited: nothing tracks it.
     orphan = subprocess.Popen([sys.executable, "-c", "pass"])
     time.sleep(1.0)  # both have exited and are zombies now
-    reaped = serve.reap_orphans(known={ours.pid})
+    reaped = reap_orphans(known={ours.pid})
     assert ours.pid not in reaped
     # Our child's exit status was left for its owner to collect.
     assert ours.wait(timeout=5) == 3
-    reaped += serve.reap_orphans(known=set())
+    reaped += reap_orphans(known=set())
     assert reaped == [orphan.pid]
     orphan.wait(timeout=5)  # already collected: subprocess copes
 
 
 @pytest.mark.parametrize(("returncode", "code"), [(0, 0), (5, 5), (-15, 143), (-9, 137)])
 def test_exit_codes_of_children_read_like_a_shells(returncode: int, code: int) -> None:
-    assert serve.exit_code_of(returncode) == code
+    assert exit_code_of(returncode) == code
 
 
 # ---------------------------------------------------------------- the servers, for real
@@ -889,8 +897,8 @@ def test_a_tritonserver_missing_from_the_image_exits_1(pod: Pod) -> None:
 
 
 def test_progress_lines_while_the_llms_load(pod: Pod, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "_PROGRESS_EVERY_SECONDS", 0.5)
-    monkeypatch.setattr(serve, "_HEALTH_POLL_SECONDS", 0.2)
+    monkeypatch.setattr(supervisor, "_PROGRESS_EVERY_SECONDS", 0.5)
+    monkeypatch.setattr(supervisor, "_HEALTH_POLL_SECONDS", 0.2)
     result = pod.run(pod.argv(), FAKE_LLM_HEALTH_DELAY="1.5", FAKE_TRITON_EXIT="0")
     assert result.code == 0, result.out + result.err
     base = pod.llm_base_port

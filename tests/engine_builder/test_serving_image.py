@@ -12,7 +12,7 @@ import json
 import re
 from pathlib import Path
 
-from cosyvoice_engine_builder import serve
+from cosyvoice_engine_builder.serving import options
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVING = REPO_ROOT / "serving-image" / "Dockerfile"
@@ -94,15 +94,15 @@ def test_the_image_puts_things_where_serve_looks_for_them() -> None:
     ]
     dockerfile = SERVING.read_text()
     # serve's --model-code default is where the upstream stage's models are copied.
-    assert Path("/opt/cosyvoice/models") == serve.DEFAULT_MODEL_CODE
+    assert Path("/opt/cosyvoice/models") == options.DEFAULT_MODEL_CODE
     assert "COPY --from=upstream /out/opt/cosyvoice /opt/cosyvoice" in dockerfile
     assert 'mkdir -p "${out}/models/${variant}/${name}"' in dockerfile
     # Only upstream's code directories: config.pbtxt files come from the operator.
     assert 'cp -r "${model}1" "${out}/models/${variant}/${name}/1"' in dockerfile
     assert "config.pbtxt" not in re.sub(r"#.*", "", dockerfile)
     # The writable places serve defaults to are under the pod's /tmp emptyDir.
-    assert serve.DEFAULT_MODEL_REPOSITORY.parent == Path("/tmp")
-    assert serve.DEFAULT_MODEL_VIEW.parent == Path("/tmp")
+    assert options.DEFAULT_MODEL_REPOSITORY.parent == Path("/tmp")
+    assert options.DEFAULT_MODEL_VIEW.parent == Path("/tmp")
     assert "HOME=/tmp" in dockerfile
     users = [line for line in instructions if line.startswith("USER")]
     assert users == ["USER 1000:1000"]

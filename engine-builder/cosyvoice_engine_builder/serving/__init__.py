@@ -1,0 +1,37 @@
+"""The serving container's command (``cosyvoice-serve``, alias ``cosyvoice-engine-builder serve``).
+
+It lives in the builder's package because it checks engines with the code that wrote their
+manifests (:mod:`~cosyvoice_engine_builder.manifest`, :mod:`~cosyvoice_engine_builder.layout`,
+:func:`~cosyvoice_engine_builder.toolchain.probe_versions`) and runs on the builder's base
+image. It does four things in order:
+
+1. **Compatibility gate** (:mod:`.gate`). Reads ``<engine-dir>/manifest.json`` and compares it
+   with what this pod runs on: the key the operator expects, the variant, the architecture of
+   every visible GPU, this image's TensorRT and TensorRT-LLM versions, the tensor-parallel
+   size against the LLM GPU groups, and that every file the manifest lists is there with its
+   recorded size (full digests are ``verify``'s job: hashing gigabytes at every start would
+   delay every scale-up). Upstream CosyVoice has no such check; a plan loaded under another
+   TensorRT or on another architecture gives serialisation errors or, worse, silent audio
+   (upstream issues #1831, #954, #1686). Any mismatch is one message naming both sides and
+   what to do, on stderr and in the termination message.
+2. **Model repository** (:mod:`.repository`). Triton's repository is assembled in a writable
+   directory: each ``<model>.pbtxt`` of the operator's ConfigMap becomes
+   ``<model>/config.pbtxt``, and ``<model>/1`` links to upstream's Python model code baked
+   into the image. Beside it, the **model view**: the engine's ``model/`` directory as
+   upstream's models expect their ``model_dir``, with the engine's prebuilt plans under the
+   names that code loads (it would otherwise build them again, into a read-only volume).
+3. **LLM servers** (:mod:`.launch`; cosyvoice3, or either variant on vLLM). One
+   ``trtllm-serve`` per GPU group, as upstream's ``run_cosyvoice3.sh`` starts it, or with
+   ``--llm-runtime vllm`` one ``vllm serve`` per group on the fetched checkpoint
+   (``--checkpoint-dir``), each on its own port; Triton starts only once every one answers
+   ``/health``, so the orchestrator never sees a refused connection. With vLLM the engine
+   directory holds only the TensorRT plans: the model directory (and the LLM's Hugging Face
+   checkpoint) comes from the checkpoint, whose manifest is checked the same way, and the
+   TensorRT-LLM version is not compared.
+4. **Triton** (:mod:`.supervisor`). ``tritonserver`` runs as a child. SIGTERM and SIGINT go to
+   Triton first, which drains in-flight streams for ``--exit-timeout-seconds``; the LLM
+   servers those streams still need are stopped only after Triton has exited.
+
+:mod:`.options` parses the command line, :mod:`.command` ties the steps together, and
+:mod:`.exit_codes` lists what the command exits with.
+"""

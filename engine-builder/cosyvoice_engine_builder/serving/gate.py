@@ -1,0 +1,412 @@
+"""The compatibility gate: what this pod runs on, what the engine was built for, and if they fit.
+
+The observed half (:func:`observe_pod`) asks ``nvidia-smi`` and the image's Python for the
+GPUs and the TensorRT and TensorRT-LLM versions, exactly as the builder found them out. The
+rest reads the engine's manifest (:func:`read_manifest`, :func:`layout_path`), checks its
+files' sizes, and compares both sides (:func:`compare`), so a refusal is one message that
+names the engine's side, the pod's side, and what to do (:func:`gate_message`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from cosyvoice_engine_builder.commands import ToolPaths
+from cosyvoice_engine_builder.layout import MANIFEST_NAME
+from cosyvoice_engine_builder.manifest import SCHEMA_VERSION
+from cosyvoice_engine_builder.redaction import without_secrets
+from cosyvoice_engine_builder.request import Variant
+from cosyvoice_engine_builder.runner import Command, CommandFailed, Runner
+from cosyvoice_engine_builder.serving.options import ServeOptions
+from cosyvoice_engine_builder.toolchain import ToolchainError, find_executable, probe_versions
+
+_MESSAGE_FILES_LISTED = 5
+
+
+@dataclass(frozen=True)
+class Gpu:
+    arch: str
+    name: str
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """What this pod runs on; ``None`` where it could not be found out (and why)."""
+
+    gpus: tuple[Gpu, ...]
+    gpu_note: str
+    tensorrt: str | None
+    tensorrt_llm: str | None
+    version_note: str = ""
+
+    def describe_gpus(self) -> str:
+        if not self.gpus:
+            return f"no visible GPU ({self.gpu_note})"
+        counts = Counter(self.gpus)
+        parts = []
+        for gpu in dict.fromkeys(self.gpus):
+            n = counts[gpu]
+            parts.append(f"{gpu.arch} ({n}x {gpu.name})" if n > 1 else f"{gpu.arch} ({gpu.name})")
+        return ", ".join(parts)
+
+
+def _arch_of(compute_cap: str) -> str | None:
+    major, dot, minor = compute_cap.strip().partition(".")
+    if dot and major.isdigit() and minor.isdigit():
+        return f"sm_{major}{minor}"
+    return None
+
+
+def query_gpus(runner: Runner, environ: Mapping[str, str]) -> tuple[tuple[Gpu, ...], str]:
+    """The visible GPUs from ``nvidia-smi``; none, with the reason, if it cannot tell."""
+    smi = environ.get("NVIDIA_SMI") or "nvidia-smi"
+    if find_executable(smi, environ) is None:
+        return (), f"{smi} not found in the image or on the PATH"
+    command = Command(
+        (smi, "--query-gpu=compute_cap,name", "--format=csv,noheader"),
+        env=without_secrets(environ),
+        timeout=60,
+    )
+    try:
+        result = runner.run(command, echo_output=False)
+    except CommandFailed as exc:
+        detail = " ".join(exc.tail()[-3:])
+        return (), f"{smi} failed: {exc}{': ' + detail if detail else ''}"
+    gpus = []
+    for line in result.stdout_tail:
+        cap, _, name = line.partition(",")
+        arch = _arch_of(cap)
+        if arch is not None:
+            gpus.append(Gpu(arch, name.strip() or "unknown GPU"))
+    if not gpus:
+        return (), f"{smi} listed no GPU"
+    return tuple(gpus), ""
+
+
+def observe_pod(runner: Runner, environ: Mapping[str, str]) -> PodFacts:
+    """GPUs and versions, found out exactly as the builder found them out."""
+    gpus, gpu_note = query_gpus(runner, environ)
+    python = ToolPaths.from_environ(environ).python
+    try:
+        versions = probe_versions(runner, python, environ, without_secrets(environ))
+    except ToolchainError as exc:
+        return PodFacts(gpus, gpu_note, None, None, version_note=str(exc))
+    return PodFacts(gpus, gpu_note, versions.tensorrt, versions.tensorrt_llm)
+
+
+# ------------------------------------------------------------------ the gate, pure part
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    field: str
+    detail: str
+    remedy: str
+
+
+@dataclass
+class GateResult:
+    ok: bool
+    reason: str  # EngineMissing | EngineIncompatible | "" when ok
+    message: str
+    mismatches: list[Mismatch] = field(default_factory=list)
+    manifest: dict[str, Any] | None = None
+
+
+class _ManifestUnusable(Exception):
+    def __init__(self, message: str, reason: str = "EngineMissing") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def read_manifest(engine_dir: Path, key: str) -> dict[str, Any]:
+    """The manifest, or :class:`_ManifestUnusable` with the whole explanation."""
+    manifest_path = engine_dir / MANIFEST_NAME
+    waiting = (
+        "the operator starts serving pods only for engines that are Ready, so this pod is "
+        "either older than a rebuild or mounts the wrong place: see the engine's state in "
+        "`kubectl get cvs NAME -o yaml` (status.engines)"
+    )
+    if not engine_dir.is_dir():
+        raise _ManifestUnusable(
+            f"engine {key}: {engine_dir} does not exist: the engine cache is not mounted "
+            f"there, or the engine was never built in it or has been removed; {waiting}"
+        )
+    try:
+        data = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise _ManifestUnusable(
+            f"engine {key}: {manifest_path} is missing: the engine's build never completed "
+            f"in this cache (or it is being removed); {waiting}"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise _ManifestUnusable(
+            f"engine {key}: {manifest_path} is unreadable ({exc}); `cosyvoice-engine-builder "
+            f"verify` says what is wrong, and deleting the engine's Jobs and record "
+            f"(`kubectl delete jobs,configmaps -l tts.cosyvoice.dev/engine-key={key}`) "
+            "makes the operator build it again",
+            "EngineInvalid",
+        ) from exc
+    if not isinstance(data, dict) or data.get("schemaVersion") != SCHEMA_VERSION:
+        found = data.get("schemaVersion") if isinstance(data, dict) else type(data).__name__
+        raise _ManifestUnusable(
+            f"engine {key}: {manifest_path} has schemaVersion {found!r}; this image reads "
+            f"{SCHEMA_VERSION}: serve with the image that matches the builder which wrote it",
+            "EngineIncompatible",
+        )
+    return data
+
+
+def member(rel: object) -> str | None:
+    if not isinstance(rel, str) or not rel:
+        return None
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or ".." in pure.parts:
+        return None
+    return rel
+
+
+def layout_path(
+    engine_dir: Path, manifest: Mapping[str, Any], field_name: str, default: str
+) -> Path:
+    layout = manifest.get("layout")
+    value = layout.get(field_name) if isinstance(layout, dict) else None
+    return engine_dir / (member(value) or default)
+
+
+def check_file_sizes(engine_dir: Path, manifest: Mapping[str, Any]) -> list[str]:
+    """Every listed file present with its recorded size (no hashing: that is ``verify``)."""
+    files = manifest.get("files")
+    if not isinstance(files, list) or not files:
+        return ["the manifest lists no files"]
+    problems = []
+    for entry in files:
+        rel = member(entry.get("path")) if isinstance(entry, dict) else None
+        if rel is None or not isinstance(entry, dict):
+            problems.append(f"invalid entry {entry!r}")
+            continue
+        path = engine_dir / rel
+        try:
+            size = path.stat().st_size if path.is_file() else None
+        except OSError:
+            size = None
+        if size is None:
+            problems.append(f"{rel} (missing)")
+        elif size != entry.get("size"):
+            problems.append(f"{rel} (size {size}, built as {entry.get('size')})")
+    return problems
+
+
+def _norm_arch(arch: str) -> str:
+    # sm_90a and sm_90 are the same silicon; the suffix is a compilation target.
+    return arch.rstrip("abcdefghijklmnopqrstuvwxyz")
+
+
+def effective_llm_groups(
+    options: ServeOptions, manifest: Mapping[str, Any]
+) -> tuple[tuple[str, ...], ...] | None:
+    """The GPU groups of the LLM servers; by default one, on the first tp GPUs."""
+    if not options.serves_llm:
+        return None
+    if options.llm_groups is not None:
+        return options.llm_groups
+    tp = manifest.get("tensorParallelSize")
+    size = tp if isinstance(tp, int) and tp > 0 else 1
+    return (tuple(str(i) for i in range(size)),)
+
+
+def compare(
+    manifest: Mapping[str, Any],
+    *,
+    engine_dir: Path,
+    key: str,
+    variant: Variant,
+    facts: PodFacts,
+    llm_groups: tuple[tuple[str, ...], ...] | None,
+    file_problems: Sequence[str],
+    vllm: bool = False,
+) -> list[Mismatch]:
+    """Everything about this pod that keeps the engine from loading correctly in it."""
+    found: list[Mismatch] = []
+    built_key = manifest.get("key")
+    if built_key != key:
+        found.append(
+            Mismatch(
+                "key",
+                f"{engine_dir} holds engine {built_key!r}, not {key!r}",
+                "the Deployment mounts the wrong directory of the engine cache, or the cache "
+                "entry was replaced; the pod's spec and the engine record disagree",
+            )
+        )
+    built_variant = manifest.get("variant")
+    if built_variant != variant.value:
+        found.append(
+            Mismatch(
+                "variant",
+                f"the engine is a {built_variant} engine, this pod serves {variant.value}",
+                "the pod's --variant and its engine key come from different services",
+            )
+        )
+
+    built_arch = str(manifest.get("gpuArch"))
+    if not facts.gpus:
+        found.append(
+            Mismatch(
+                "gpuArch",
+                f"no GPU is visible to this pod ({facts.gpu_note})",
+                f"the pod must request nvidia.com/gpu and run on a node with {built_arch} GPUs",
+            )
+        )
+    else:
+        wrong = sorted({g.arch for g in facts.gpus if _norm_arch(g.arch) != _norm_arch(built_arch)})
+        if wrong:
+            found.append(
+                Mismatch(
+                    "gpuArch",
+                    f"GPU architecture {', '.join(wrong)} is not {built_arch}",
+                    f"schedule this pod only on {built_arch} nodes (the operator runs one "
+                    f"Deployment per architecture, pinned to its GPU products), or let the "
+                    f"operator build an engine for {', '.join(wrong)}",
+                )
+            )
+
+    versions = manifest.get("versions")
+    versions = versions if isinstance(versions, dict) else {}
+    checked = [("TensorRT", "tensorrt", facts.tensorrt)]
+    if not vllm:  # vLLM's pods load TensorRT plans, no TensorRT-LLM engine
+        checked.append(("TensorRT-LLM", "tensorrtLlm", facts.tensorrt_llm))
+    for name, field_name, have in checked:
+        built = versions.get(field_name)
+        if have is None:
+            found.append(
+                Mismatch(
+                    field_name,
+                    f"this image's {name} version cannot be determined ({facts.version_note})",
+                    "the serving image must be built on the builder image's base, where "
+                    "`python3 -c 'import tensorrt'` works",
+                )
+            )
+        elif built != have:
+            found.append(
+                Mismatch(
+                    field_name,
+                    f"{name} {built} built it, this image has {name} {have}",
+                    "an engine loads only under the TensorRT that built it: serve it with "
+                    f"the serving image built on the same base as the builder image that "
+                    f"built it ({name} {built}), or rebuild the engine with a builder image "
+                    f"of {name} {have} (spec.engine.builderImage; it is part of the key)",
+                )
+            )
+
+    if variant is Variant.COSYVOICE3 or vllm:
+        # vLLM's tensor parallelism is the groups' size itself: nothing built to match.
+        tp = None if vllm else manifest.get("tensorParallelSize")
+        groups = llm_groups
+        if isinstance(tp, int) and groups is not None:
+            sizes = sorted({len(g) for g in groups})
+            if sizes != [tp]:
+                found.append(
+                    Mismatch(
+                        "llmGroups",
+                        f"the LLM GPU groups have {', '.join(map(str, sizes))} GPU(s); the "
+                        f"engine was built for tensor-parallel size {tp}",
+                        f"each --llm-groups group must hold exactly {tp} GPU(s)",
+                    )
+                )
+        if groups is not None and facts.gpus:
+            absent = sorted({i for g in groups for i in g if int(i) >= len(facts.gpus)}, key=int)
+            if absent:
+                found.append(
+                    Mismatch(
+                        "llmGroups",
+                        f"--llm-groups names GPU {', '.join(absent)}; this pod sees "
+                        f"{len(facts.gpus)} GPU(s)",
+                        "request as many GPUs as the groups use",
+                    )
+                )
+
+    if file_problems:
+        listed = ", ".join(file_problems[:_MESSAGE_FILES_LISTED])
+        more = len(file_problems) - _MESSAGE_FILES_LISTED
+        found.append(
+            Mismatch(
+                "files",
+                f"{len(file_problems)} file(s) missing or changed since the build: {listed}"
+                + (f" and {more} more" if more > 0 else ""),
+                f"`cosyvoice-engine-builder verify --cache-dir {engine_dir.parent} --key "
+                f"{key}` lists every problem; `kubectl delete jobs,configmaps -l "
+                f"tts.cosyvoice.dev/engine-key={key}` makes the operator build it again",
+            )
+        )
+    return found
+
+
+def gate_message(
+    key: str, manifest: Mapping[str, Any], facts: PodFacts, mismatches: Sequence[Mismatch]
+) -> str:
+    """One message: the engine's side, the pod's side, what differs, what to do."""
+    versions = manifest.get("versions")
+    versions = versions if isinstance(versions, dict) else {}
+    # The engine's own key: when the wrong directory is mounted, that is the one described.
+    built = (
+        f"engine {manifest.get('key') or key} was built for {manifest.get('gpuArch')} "
+        f"with TensorRT {versions.get('tensorrt')} and TensorRT-LLM "
+        f"{versions.get('tensorrtLlm')}"
+    )
+    pod = (
+        f"this pod has {facts.describe_gpus()}, TensorRT {facts.tensorrt or 'unknown'} and "
+        f"TensorRT-LLM {facts.tensorrt_llm or 'unknown'}"
+    )
+    details = "; ".join(m.detail for m in mismatches)
+    remedies = " ".join(
+        f"{remedy[0].upper()}{remedy[1:]}."
+        for remedy in dict.fromkeys(m.remedy for m in mismatches)
+    )
+    return f"{built}; {pod}: {details}. {remedies}"
+
+
+def run_gate(
+    options: ServeOptions, observe: Callable[[], PodFacts]
+) -> tuple[GateResult, PodFacts | None]:
+    try:
+        manifest = read_manifest(options.engine_dir, options.key)
+    except _ManifestUnusable as exc:
+        return GateResult(False, exc.reason, str(exc)), None
+    facts = observe()
+    mismatches = compare(
+        manifest,
+        engine_dir=options.engine_dir,
+        key=options.key,
+        variant=options.variant,
+        facts=facts,
+        llm_groups=effective_llm_groups(options, manifest),
+        file_problems=check_file_sizes(options.engine_dir, manifest),
+        vllm=options.vllm,
+    )
+    if options.vllm and options.checkpoint_dir is not None:
+        try:
+            checkpoint = read_manifest(options.checkpoint_dir, options.checkpoint_key)
+        except _ManifestUnusable as exc:
+            return GateResult(False, exc.reason, f"checkpoint: {exc}"), facts
+        problems = check_file_sizes(options.checkpoint_dir, checkpoint)
+        if problems:
+            mismatches.append(
+                Mismatch(
+                    "files",
+                    f"{len(problems)} file(s) of checkpoint {options.checkpoint_key} missing or "
+                    f"changed since the fetch: {', '.join(problems[:_MESSAGE_FILES_LISTED])}",
+                    f"`kubectl delete jobs,configmaps -l tts.cosyvoice.dev/engine-key="
+                    f"{options.checkpoint_key}` makes the operator fetch it again",
+                )
+            )
+        # The model view and the LLM servers read the checkpoint's layout.
+        manifest = {**manifest, "checkpointLayout": checkpoint.get("layout") or {}}
+    if mismatches:
+        message = gate_message(options.key, manifest, facts, mismatches)
+        return GateResult(False, "EngineIncompatible", message, mismatches, manifest), facts
+    return GateResult(True, "", "", [], manifest), facts

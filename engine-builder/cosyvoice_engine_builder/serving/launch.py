@@ -1,0 +1,141 @@
+"""The command lines of the servers: ``trtllm-serve`` or ``vllm serve`` per GPU group, and Triton.
+
+Pure functions of the options, the manifest and the environment (which may name other
+executables); nothing here starts a process. :func:`plan_llm_servers` is what the
+supervisor starts and what ``--dry-run`` prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cosyvoice_engine_builder.layout import ENGINE_LLM_DIR, ENGINE_MODEL_DIR, LLM_SUBDIR
+from cosyvoice_engine_builder.serving.gate import effective_llm_groups, layout_path
+from cosyvoice_engine_builder.serving.options import ServeOptions
+from cosyvoice_engine_builder.toolchain import find_executable
+
+
+def vllm_serve_argv(
+    options: ServeOptions,
+    manifest: Mapping[str, Any],
+    port: int,
+    tensor_parallel_size: int,
+    environ: Mapping[str, str],
+) -> tuple[str, ...]:
+    """One vLLM OpenAI server on the checkpoint's LLM (its Hugging Face directory)."""
+    assert options.checkpoint_dir is not None
+    layout = {"layout": manifest.get("checkpointLayout") or {}}
+    llm = layout_path(
+        options.checkpoint_dir, layout, "tokenizerDir", f"{ENGINE_MODEL_DIR}/{LLM_SUBDIR}"
+    )
+    argv = [
+        environ.get("VLLM") or "vllm",
+        "serve",
+        str(llm),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        options.llm_served_model_name,
+        "--tensor-parallel-size",
+        str(tensor_parallel_size),
+        "--dtype",
+        options.llm_dtype,
+        "--max-num-seqs",
+        str(options.llm_max_batch_size),
+        "--max-num-batched-tokens",
+        str(options.llm_max_num_tokens),
+        "--gpu-memory-utilization",
+        f"{options.llm_gpu_memory_utilization:g}",
+    ]
+    if options.llm_kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", options.llm_kv_cache_dtype]
+    return tuple(argv)
+
+
+def trtllm_serve_argv(
+    options: ServeOptions,
+    manifest: Mapping[str, Any],
+    port: int,
+    environ: Mapping[str, str],
+) -> tuple[str, ...]:
+    """One LLM server as upstream's run_cosyvoice3.sh starts it, on the engine's paths."""
+    engine = layout_path(options.engine_dir, manifest, "llmEngineDir", ENGINE_LLM_DIR)
+    tokenizer = layout_path(
+        options.engine_dir, manifest, "tokenizerDir", f"{ENGINE_MODEL_DIR}/{LLM_SUBDIR}"
+    )
+    tp = manifest.get("tensorParallelSize", 1)
+    argv: list[str] = []
+    # Upstream runs it under `mpirun -np 1`: TensorRT-LLM's executor then spawns its
+    # tensor-parallel workers inside that MPI job. MPIRUN="" runs it directly.
+    mpirun = environ.get("MPIRUN", "mpirun")
+    if mpirun and find_executable(mpirun, environ) is not None:
+        argv += [mpirun, "-np", "1", "--allow-run-as-root", "--oversubscribe"]
+    argv += [
+        environ.get("TRTLLM_SERVE") or "trtllm-serve",
+        "serve",
+        str(engine),
+        "--tokenizer",
+        str(tokenizer),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max_batch_size",
+        str(manifest.get("maxBatchSize")),
+        "--tp_size",
+        str(tp),
+        "--kv_cache_free_gpu_memory_fraction",
+        str(options.kv_cache_fraction),
+    ]
+    return tuple(argv)
+
+
+def tritonserver_argv(options: ServeOptions, environ: Mapping[str, str]) -> tuple[str, ...]:
+    return (
+        environ.get("TRITONSERVER") or "tritonserver",
+        f"--model-repository={options.model_repository}",
+        f"--http-port={options.http_port}",
+        f"--grpc-port={options.grpc_port}",
+        f"--metrics-port={options.metrics_port}",
+        "--allow-metrics=true",
+        # Queue and compute latency summaries (quantiles) next to the counters: the
+        # autoscaler reads queue time, and averages hide the tail that users hear.
+        "--metrics-config=summary_latencies=true",
+        f"--exit-timeout-secs={options.exit_timeout_seconds}",
+    )
+
+
+@dataclass(frozen=True)
+class LlmServer:
+    index: int
+    gpus: tuple[str, ...]
+    port: int
+    argv: tuple[str, ...]
+    program: str = "trtllm-serve"
+
+    @property
+    def name(self) -> str:
+        return f"llm{self.index}"
+
+    def describe(self) -> str:
+        return f"{self.program} {self.name} (GPUs {','.join(self.gpus)}, port {self.port})"
+
+
+def plan_llm_servers(
+    options: ServeOptions, manifest: Mapping[str, Any], environ: Mapping[str, str]
+) -> list[LlmServer]:
+    servers = []
+    for index, gpus in enumerate(effective_llm_groups(options, manifest) or ()):
+        port = options.llm_base_port + index
+        argv = (
+            vllm_serve_argv(options, manifest, port, len(gpus), environ)
+            if options.vllm
+            else trtllm_serve_argv(options, manifest, port, environ)
+        )
+        program = "vllm serve" if options.vllm else "trtllm-serve"
+        servers.append(LlmServer(index, gpus, port, argv, program))
+    return servers

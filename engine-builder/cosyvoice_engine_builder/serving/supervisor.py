@@ -1,0 +1,309 @@
+"""The running pod: the LLM servers and Triton as children, their signals, and the exit code.
+
+The only module that starts and stops processes. As the container's PID 1 this process
+also reaps orphans (:func:`reap_orphans`) and must route SIGTERM and SIGINT itself
+(:func:`signals_to`): Triton gets them first and drains, and the LLM servers its streams
+still need are stopped only after it has exited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import IO
+
+from cosyvoice_engine_builder.progress import Console
+from cosyvoice_engine_builder.serving.exit_codes import EXIT_SERVER_FAILED, ServerFailed
+from cosyvoice_engine_builder.serving.launch import LlmServer
+from cosyvoice_engine_builder.serving.options import ServeOptions
+
+_HEALTH_POLL_SECONDS = 1.0
+_PROGRESS_EVERY_SECONDS = 10.0
+_LLM_STOP_GRACE_SECONDS = 15.0
+# Beyond Triton's own exit timeout, before a Triton that ignores it is killed (only when
+# serve itself stops Triton; after a forwarded signal the kubelet's grace period rules).
+_TRITON_STOP_MARGIN_SECONDS = 15.0
+_TAIL_LINES = 40
+
+
+def exit_code_of(returncode: int) -> int:
+    """A child's status as a shell would report it: 128+N for death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def reap_orphans(known: set[int]) -> list[int]:
+    """Collect exited processes that are not our own children (PID 1's duty).
+
+    As the container's PID 1 this process inherits every orphan (an MPI daemon whose
+    parent died, a Python backend stub's helpers). ``waitid(WNOWAIT)`` peeks without
+    reaping, so the children that ``subprocess`` tracks keep their exit status.
+    """
+    reaped: list[int] = []
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return reaped
+        if info is None or info.si_pid in known:
+            return reaped
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)
+        reaped.append(info.si_pid)
+
+
+@dataclass
+class _Child:
+    name: str
+    process: subprocess.Popen[str]
+    tail: deque[str]
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def signal(self, signum: int) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signum)
+
+    def kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+class Supervisor:
+    """Starts the servers, forwards signals, and decides the exit code."""
+
+    def __init__(self, options: ServeOptions, console: Console, report: Callable[..., None]):
+        self.options = options
+        self.console = console
+        self.report = report
+        self.llms: list[tuple[LlmServer, _Child]] = []
+        self.triton: _Child | None = None
+        self.received: int | None = None
+        # Once Triton is being started, signals are Triton's alone: the LLM servers must
+        # outlive its drain.
+        self.triton_phase = False
+        self._lock = threading.Lock()
+
+    # Signals: recorded and forwarded from the handler, acted upon by the main loop.
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signum
+        if self.triton_phase:
+            # Triton drains in-flight streams, which still need the LLM servers. A signal
+            # that arrives while Triton is being started is passed on once it runs.
+            if self.triton is not None:
+                self.triton.signal(signum)
+        else:
+            for _, child in self.llms:
+                child.signal(signum)
+
+    def _start(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], *, piped: bool
+    ) -> _Child:
+        tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        try:
+            process = subprocess.Popen(
+                list(argv),
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if piped else None,
+                stderr=subprocess.STDOUT if piped else None,
+                text=True,
+                errors="replace",
+                # Own process group: a last-resort SIGKILL reaches its workers too.
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ServerFailed(
+                f"{name}: cannot start {argv[0]}: {exc.strerror or exc}", EXIT_SERVER_FAILED
+            ) from exc
+        child = _Child(name, process, tail)
+        if piped:
+            assert process.stdout is not None
+            threading.Thread(
+                target=self._pump, args=(name, process.stdout, tail), daemon=True
+            ).start()
+        return child
+
+    def _pump(self, name: str, stream: IO[str], tail: deque[str]) -> None:
+        for raw in stream:
+            line = raw.rstrip("\r\n")[:1000]
+            with self._lock:
+                tail.append(line)
+            self.console.out(f"[{name}] {line}")
+
+    def _known_pids(self) -> set[int]:
+        pids = {c.process.pid for _, c in self.llms}
+        if self.triton is not None:
+            pids.add(self.triton.process.pid)
+        return pids
+
+    def _tick(self) -> None:
+        if os.getpid() == 1:
+            reap_orphans(self._known_pids())
+        time.sleep(0.1)
+
+    def stop_llms(self) -> None:
+        running = [(s, c) for s, c in self.llms if c.poll() is None]
+        for server, child in running:
+            self.console.out(f"[serve] stopping {server.describe()}")
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + _LLM_STOP_GRACE_SECONDS
+        for _, child in running:
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill_group()
+                child.process.wait()
+
+    def _llm_exited(self) -> tuple[LlmServer, _Child, int] | None:
+        for server, child in self.llms:
+            code = child.poll()
+            if code is not None:
+                return server, child, code
+        return None
+
+    def _fail_llm(self, server: LlmServer, child: _Child, code: int, when: str) -> int:
+        status = exit_code_of(code)
+        message = f"{server.describe()} exited with code {status} {when}"
+        self.console.err(f"error: {message}")
+        self.report(step="llm", message=message, tail=list(child.tail))
+        return status or EXIT_SERVER_FAILED
+
+    def start_llms(self, servers: Sequence[LlmServer], environ: Mapping[str, str]) -> int | None:
+        """Start every LLM server and wait for each /health; an exit code on failure."""
+        for server in servers:
+            env = {**environ, "CUDA_VISIBLE_DEVICES": ",".join(server.gpus)}
+            self.console.out(
+                f"[serve] starting {server.describe()}: CUDA_VISIBLE_DEVICES="
+                f"{env['CUDA_VISIBLE_DEVICES']} {' '.join(server.argv)}"
+            )
+            self.llms.append((server, self._start(server.name, server.argv, env, piped=True)))
+        started = time.monotonic()
+        pending = {s.index for s in servers}
+        next_progress = started + _PROGRESS_EVERY_SECONDS
+        next_poll = started
+        while pending:
+            if self.received is not None:
+                self.console.out(
+                    f"[serve] {signal.Signals(self.received).name} before Triton started; "
+                    "stopping the LLM servers"
+                )
+                self.stop_llms()
+                return 128 + self.received
+            exited = self._llm_exited()
+            if exited is not None:
+                server, child, code = exited
+                result = self._fail_llm(server, child, code, "before it answered /health")
+                self.stop_llms()
+                return result
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + _HEALTH_POLL_SECONDS
+                for server in servers:
+                    if server.index in pending and _healthy(server.port):
+                        pending.discard(server.index)
+                        self.console.out(
+                            f"[serve] {server.describe()} is healthy after {now - started:.1f}s"
+                        )
+            elapsed = now - started
+            if pending and elapsed > self.options.llm_startup_timeout:
+                names = ", ".join(s.describe() for s in servers if s.index in pending)
+                message = (
+                    f"{names} did not answer /health within "
+                    f"{self.options.llm_startup_timeout:.0f}s (--llm-startup-timeout-seconds)"
+                )
+                self.console.err(f"error: {message}")
+                tails = [line for _, c in self.llms for line in c.tail]
+                self.report(step="llm", message=message, tail=tails)
+                self.stop_llms()
+                return EXIT_SERVER_FAILED
+            if pending and now >= next_progress:
+                next_progress = now + _PROGRESS_EVERY_SECONDS
+                for server in servers:
+                    if server.index in pending:
+                        self.console.out(
+                            f"[serve] waiting for {server.describe()} to answer /health: "
+                            f"{elapsed:.0f}s of {self.options.llm_startup_timeout:.0f}s"
+                        )
+            if pending:
+                self._tick()
+        return None
+
+    def run_triton(self, argv: Sequence[str], environ: Mapping[str, str]) -> int:
+        self.console.out(f"[serve] starting Triton: {' '.join(argv)}")
+        self.triton_phase = True
+        triton = self._start("tritonserver", argv, environ, piped=False)
+        self.triton = triton
+        if self.received is not None:
+            # A signal between the LLMs' health and Triton's start.
+            triton.signal(self.received)
+        while True:
+            code = triton.poll()
+            if code is not None:
+                break
+            exited = self._llm_exited() if self.received is None else None
+            if exited is not None:
+                server, child, llm_code = exited
+                result = self._fail_llm(server, child, llm_code, "while Triton was serving")
+                self.console.out("[serve] stopping Triton: the orchestrator needs every LLM")
+                triton.signal(signal.SIGTERM)
+                try:
+                    triton.process.wait(
+                        timeout=self.options.exit_timeout_seconds + _TRITON_STOP_MARGIN_SECONDS
+                    )
+                except subprocess.TimeoutExpired:
+                    triton.kill_group()
+                    triton.process.wait()
+                self.stop_llms()
+                return result
+            self._tick()
+        status = exit_code_of(code)
+        cause = f"after {signal.Signals(self.received).name}" if self.received is not None else ""
+        self.console.out(f"[serve] Triton exited with code {status} {cause}".rstrip())
+        self.stop_llms()
+        return status
+
+
+# Straight to the loopback address: a cluster-wide HTTP_PROXY must not carry health probes.
+_LOCAL_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with _LOCAL_OPENER.open(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+            return bool(response.status == 200)
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def signals_to(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """Route SIGTERM and SIGINT to ``handler`` while serving.
+
+    As the container's PID 1 this process would otherwise ignore SIGTERM altogether (the
+    kernel drops default-action signals to a namespace's init), and the kubelet would
+    wait out the grace period and SIGKILL Triton mid-stream.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        # Signal handlers can only be installed from the main thread (embedding, tests).
+        yield
+        return
+    previous = {
+        signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
