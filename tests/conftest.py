@@ -8,11 +8,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from cosyvoice_operator.devtools.localcluster import LocalCluster
-from cosyvoice_operator.devtools.localcluster.binaries import kubectl_path
+if TYPE_CHECKING:  # imported where used: unit tests never load the local cluster's stack
+    from cosyvoice_operator.devtools.localcluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO / "crds"
@@ -36,6 +37,8 @@ class Cluster:
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
+        from cosyvoice_operator.devtools.localcluster.binaries import kubectl_path
+
         proc = subprocess.run(
             [str(kubectl_path()), f"--kubeconfig={self.kubeconfig}", *args],
             input=input,
@@ -59,8 +62,18 @@ class Cluster:
         return name
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that uses the real control plane is marked ``cluster``, by its fixtures, so
+    ``-m "not cluster"`` selects exactly the tests that need no control plane."""
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
+    from cosyvoice_operator.devtools.localcluster import LocalCluster
+
     local = LocalCluster(os.environ.get("COSYVOICE_TEST_CLUSTER", "pytest"))
     local.down(quiet=True, wipe=True)  # a previous run killed midway leaves nothing behind
     local.up(gpu_nodes=TEST_GPU_NODES, gpus_per_node=8)
