@@ -132,15 +132,20 @@ def env_of(docs: list[dict[str, Any]]) -> dict[str, str]:
 # ---- no cluster needed ---------------------------------------------------------------------
 
 
-def test_chart_crds_are_byte_copies_of_the_top_level_crds() -> None:
+@pytest.mark.parametrize(
+    "copy",
+    ["charts/cosyvoice-operator/crds", "operator/cosyvoice_operator/cli/crds"],
+    ids=["chart", "render"],
+)
+def test_crd_copies_are_byte_copies_of_the_top_level_crds(copy: str) -> None:
+    """The chart installs a copy; `render` checks manifests against a copy in the package."""
     top = {p.name: p.read_bytes() for p in sorted(CRD_DIR.glob("*.yaml"))}
-    chart = {p.name: p.read_bytes() for p in sorted((CHART / "crds").glob("*.yaml"))}
+    copied = {p.name: p.read_bytes() for p in sorted((REPO / copy).glob("*.yaml"))}
     assert top, f"no CRD in {CRD_DIR}"
-    assert set(chart) == set(top), "charts/cosyvoice-operator/crds/ and crds/ list other files"
+    assert set(copied) == set(top), f"{copy}/ and crds/ list other files"
     for name, data in top.items():
-        assert chart[name] == data, (
-            f"charts/cosyvoice-operator/crds/{name} differs from crds/{name}: "
-            f"cp crds/{name} charts/cosyvoice-operator/crds/"
+        assert copied[name] == data, (
+            f"{copy}/{name} differs from crds/{name}: cp crds/{name} {copy}/"
         )
 
 

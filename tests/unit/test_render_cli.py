@@ -60,6 +60,45 @@ def test_bad_input_is_one_clear_error(
     assert err.startswith("error: ") and needle in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("patch", "path"),
+    [
+        ({"engine": {"precison": "bfloat16"}}, "spec.engine.precison"),
+        (
+            {"autoscaling": {"enabled": True, "scaleUp": {"stepz": 2}}},
+            "spec.autoscaling.scaleUp.stepz",
+        ),
+        ({"serving": {"tolerations": [{"key": "a", "operater": "Exists"}]}}, None),
+        ({"replica": 2}, "spec.replica"),
+    ],
+)
+def test_unknown_fields_are_refused_as_the_api_server_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], patch: dict[str, object], path: str | None
+) -> None:
+    body = yaml.safe_load((REPO / "examples/cosyvoice2.yaml").read_text())
+    for key, value in patch.items():
+        current = body["spec"].setdefault(key, {})
+        if isinstance(value, dict) and isinstance(current, dict):
+            current.update(value)
+        else:
+            body["spec"][key] = value
+    manifest = tmp_path / "svc.yaml"
+    manifest.write_text(yaml.safe_dump(body))
+    code = main(["render", "-f", str(manifest), "--gpu-product", "NVIDIA-L20"])
+    err = capsys.readouterr().err
+    if path is None:  # tolerations are core/v1 Tolerations, which the CRD leaves free-form
+        assert code == 0, err
+    else:
+        assert code == 2
+        assert err == f'error: {manifest}: unknown field "{path}" (kubectl explain cvs.spec)\n'
+
+
+def test_every_example_passes_the_strict_check(capsys: pytest.CaptureFixture[str]) -> None:
+    for example in sorted((REPO / "examples").glob("*.yaml")):
+        assert main(["render", "-f", str(example), "--gpu-product", "NVIDIA-L20"]) == 0, example
+        assert capsys.readouterr().err == ""
+
+
 def test_a_missing_file_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["render", "-f", "/no/such/file.yaml"]) == 2
     assert "/no/such/file.yaml" in capsys.readouterr().err

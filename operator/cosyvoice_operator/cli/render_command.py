@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from importlib import resources
 from typing import Any
 
 import yaml
@@ -22,6 +23,7 @@ from cosyvoice_operator.api.spec import SpecError, parse
 from cosyvoice_operator.render import buildjob, workloads
 from cosyvoice_operator.shell.config import OperatorConfig
 
+CRD_FILE = "cosyvoiceservices.tts.cosyvoice.dev.yaml"
 CLAIM_UID_PLACEHOLDER = "00000000-0000-0000-0000-000000000000"
 
 
@@ -49,7 +51,49 @@ def load_service(text: str, source: str) -> dict[str, Any]:
     body = found[0]
     if not (body.get("metadata") or {}).get("name"):
         raise RenderError(f"{source}: metadata.name is required")
+    unknown = list(unknown_fields(service_schema(), body))
+    if unknown:
+        # The API server's strict field validation (kubectl's default) refuses the same file.
+        shown = ", ".join(f'"{path}"' for path in unknown[:5])
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise RenderError(f"{source}: unknown field {shown}{more} (kubectl explain cvs.spec)")
     return body
+
+
+def service_schema() -> dict[str, Any]:
+    """The CRD's openAPIV3Schema of the served version (a copy of crds/ shipped in this
+    package, checked byte for byte against it by the tests)."""
+    text = resources.files(__package__).joinpath(f"crds/{CRD_FILE}").read_text()
+    crd = yaml.safe_load(text)
+    version = next(v for v in crd["spec"]["versions"] if v.get("served"))
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def unknown_fields(schema: Mapping[str, Any], value: Any, path: str = "") -> Iterator[str]:
+    """The paths of fields the schema does not declare, as the API server names them.
+
+    Objects that preserve unknown fields, or whose values are free-form
+    (``additionalProperties``), accept any key; ``metadata`` is ObjectMeta, checked by the
+    server elsewhere, and skipped here.
+    """
+    if isinstance(value, Mapping) and schema.get("type") == "object":
+        if schema.get("x-kubernetes-preserve-unknown-fields"):
+            return
+        props: Mapping[str, Any] = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key, child in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key in props:
+                if where != "metadata":
+                    yield from unknown_fields(props[key], child, where)
+            elif isinstance(extra, Mapping):
+                yield from unknown_fields(extra, child, where)
+            elif not extra:
+                yield where
+    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        for i, item in enumerate(value):
+            yield from unknown_fields(schema["items"], item, f"{path}[{i}]")
 
 
 def render_service(
