@@ -53,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         description=(
             "Simulate a CosyVoice fleet on Triton under a traffic trace and compare autoscaling "
             "policies. Each baseline's parameters are chosen on the training trace (the cheapest "
-            "reaching 99%% SLO attainment), then every policy runs unchanged on each evaluation "
+            "reaching 99% SLO attainment), then every policy runs unchanged on each evaluation "
             "trace. With no --train/--eval: the conversation trace split in time (first half "
             "training), plus a synthesized 24-hour day, a burst, a step, a ramp and a Prometheus "
             "outage built from its second half."
