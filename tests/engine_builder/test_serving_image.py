@@ -54,7 +54,9 @@ def test_every_stage_starts_from_the_builders_base_image() -> None:
     builder = _froms(BUILDER)
     assert len(builder) == 1
     base = builder[0][0]
-    assert base == "nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3"
+    # 25.07: the first release with CVE-2025-23310/23311/23319/23320/23334 fixed (NVIDIA's
+    # August 2025 Triton bulletin), and still TensorRT-LLM 0.20.0 (the examples' tag).
+    assert base == "nvcr.io/nvidia/tritonserver:25.07-trtllm-python-py3"
     serving = _froms(SERVING)
     stages = {name for _, name in serving if name}
     images = {image for image, _ in serving if image not in stages}
@@ -75,6 +77,25 @@ def test_upstream_is_pinned_to_one_full_commit_everywhere() -> None:
     readme = README.read_text()
     assert commit in readme and SHORT_COMMIT in readme
     assert set(re.findall(r"\b[0-9a-f]{40}\b", readme)) <= {commit, _matcha_commit(readme)}
+
+
+def test_base_release_has_the_august_2025_triton_fixes_and_matches_the_examples() -> None:
+    """Issue 21 H1: no base before 25.07; the TensorRT-LLM examples' tag is the base's 0.20.0."""
+    for path in (BUILDER, SERVING):
+        for image, _ in _froms(path):
+            match = re.fullmatch(
+                r"nvcr\.io/nvidia/tritonserver:(\d+)\.(\d+)-trtllm-python-py3", image
+            )
+            if match:
+                assert (int(match.group(1)), int(match.group(2))) >= (25, 7), image
+    assert _args(BUILDER)["TRTLLM_GIT_REF"] == "v0.20.0"
+    # A moved tag is caught when the commit is given, and always recorded.
+    dockerfile = BUILDER.read_text()
+    assert 'ARG TRTLLM_GIT_COMMIT=""' in dockerfile
+    assert "/opt/tensorrt_llm/examples/COMMIT" in dockerfile
+    # The fetchers are installed at exact versions.
+    pip = [line for line in _instructions(BUILDER) if "pip install" in line]
+    assert pip and all(">=" not in line and "==" in line for line in pip)
 
 
 def _matcha_commit(readme: str) -> str:
