@@ -12,7 +12,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "== installing cosyvoice-operator[test] (editable)" >&2
 .venv/bin/pip install --quiet --upgrade pip
-.venv/bin/pip install --quiet -e '.[test]'
+# The package has two roots (operator/ and engine-builder/), so setuptools installs it in
+# editable mode through a meta path finder and says so in a 10-line note ("Editable
+# installation ... be careful with folders named like your package"); that one note is
+# filtered by its title, every other warning still shows.
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/pip install --quiet -e '.[test]'
 
 # The tests start their own Prometheus on loopback: only the binary is wanted, not the
 # package's system service (policy-rc.d keeps it from starting; node-exporter, a
