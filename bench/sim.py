@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cosyvoice_operator.devtools.sim import experiment as ex
+from cosyvoice_operator.devtools.sim import report
 from cosyvoice_operator.devtools.sim.command import default_trace
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -28,13 +29,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def write(result: ex.Result, out: Path, elapsed: float | None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    document = ex.to_json(result)
+    document = report.to_json(result)
     if elapsed is not None:
         document["summary"]["elapsed_s"] = round(elapsed, 1)
     (out / "sim.json").write_text(json.dumps(document, indent=None, separators=(",", ":")))
-    text = ex.table(result)
+    text = report.table(result)
     (out / "sim.txt").write_text(text + "\n")
-    (out / "sim.md").write_text(ex.markdown(result) + "\n")
+    (out / "sim.md").write_text(report.markdown(result) + "\n")
     print(text)
     try:
         from cosyvoice_operator.devtools.sim.plot import PlotError, draw

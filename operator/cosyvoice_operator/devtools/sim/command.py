@@ -122,6 +122,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace) -> int:
     from cosyvoice_operator.devtools.sim import experiment as ex
+    from cosyvoice_operator.devtools.sim import report
     from cosyvoice_operator.devtools.sim.engine import SimConfig
     from cosyvoice_operator.devtools.sim.plant import PrometheusModel, ServiceModel
     from cosyvoice_operator.devtools.sim.trace import TraceError
@@ -175,9 +176,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     result = ex.run_experiment(exp, timelines=bool(args.plot))
     if args.json:
-        print(json.dumps(ex.to_json(result), indent=1))
+        print(json.dumps(report.to_json(result), indent=1))
     else:
-        print(ex.table(result))
+        print(report.table(result))
     if args.plot:
         from cosyvoice_operator.devtools.sim.plot import PlotError, draw
 

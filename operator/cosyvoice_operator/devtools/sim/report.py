@@ -1,0 +1,277 @@
+"""The benchmark's report: verdicts per evaluation trace, the JSON document, the text table
+and the Markdown page (``bench/results/sim.*``), all from an experiment's `Result`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cosyvoice_operator.devtools.sim.experiment import (
+    GOAL_ATTAINMENT,
+    Result,
+    Summary,
+    _key,
+)
+from cosyvoice_operator.devtools.sim.policies import Params
+
+
+def lookup(result: Result, trace: str, policy: str, params: Params) -> Summary | None:
+    key = _key(params)
+    for s in result.summaries:
+        if s.trace == trace and s.policy == policy and _key(s.params) == key:
+            return s
+    return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The goal of issue 10 on one evaluation trace."""
+
+    trace: str
+    ours_attainment: float
+    attainment_ok: bool
+    gpu_ratio: float | None  # ours / the cheapest train-tuned baseline reaching 99 %
+    gpu_ok: bool
+    events_ratio: float | None  # ours / fewest among train-tuned autoscalers reaching 99 %
+    events_ok: bool
+    missing_ok: bool
+    compared_with: tuple[str, ...]  # the train-tuned baselines that reached 99 %
+
+    @property
+    def met(self) -> bool:
+        return self.attainment_ok and self.gpu_ok and self.events_ok and self.missing_ok
+
+
+def verdicts(result: Result) -> list[Verdict]:
+    out: list[Verdict] = []
+    if "cosyvoice" not in result.chosen:
+        return out
+    ours = result.chosen["cosyvoice"].params
+    for recipe in result.experiment.evals:
+        mine = lookup(result, recipe.name, "cosyvoice", ours)
+        if mine is None:
+            continue
+        reaching = []
+        for policy, chosen in result.chosen.items():
+            if policy == "cosyvoice":
+                continue
+            s = lookup(result, recipe.name, policy, chosen.params)
+            if s is not None and s.slo_attainment >= GOAL_ATTAINMENT:
+                reaching.append(s)
+        gpu_ratio = max(mine.gpu_hours / s.gpu_hours for s in reaching) if reaching else None
+        autoscalers = [s for s in reaching if s.policy != "static"]
+        fewest = min((s.scale_events for s in autoscalers), default=None)
+        events_ratio = None
+        if fewest is not None:
+            events_ratio = mine.scale_events / fewest if fewest > 0 else math.inf
+        out.append(
+            Verdict(
+                trace=recipe.name,
+                ours_attainment=mine.slo_attainment,
+                attainment_ok=mine.slo_attainment >= GOAL_ATTAINMENT,
+                gpu_ratio=gpu_ratio,
+                gpu_ok=gpu_ratio is None or gpu_ratio <= 0.85,
+                events_ratio=events_ratio,
+                events_ok=events_ratio is None or events_ratio <= 0.70,
+                missing_ok=mine.missing_data_scale_downs == 0,
+                compared_with=tuple(s.policy for s in reaching),
+            )
+        )
+    return out
+
+
+def to_json(result: Result) -> dict[str, Any]:
+    """The ``--json`` document: every run of every sweep (one per seed), then the summary."""
+    exp = result.experiment
+    chosen_keys = {(p, _key(s.params)) for p, s in result.chosen.items()}
+    oracle_keys = {(t, p, _key(s.params)) for (t, p), s in result.oracle.items()}
+    runs = []
+    for r in result.runs:
+        key = _key(r.params)
+        if (r.policy, key) in chosen_keys and r.trace != exp.train.name:
+            tuned_on, selection = exp.train.name, "train"
+        elif (r.trace, r.policy, key) in oracle_keys or (
+            r.trace == exp.train.name and (r.policy, key) in chosen_keys
+        ):
+            tuned_on, selection = r.trace, "oracle" if r.trace != exp.train.name else "train"
+        else:
+            tuned_on, selection = "", "sweep"
+        o = r.outcome
+        runs.append(
+            {
+                "trace": r.trace,
+                "policy": r.policy,
+                "params": r.params,
+                "tuned_on": tuned_on,
+                "slo_attainment": round(o.slo_attainment, 6),
+                "gpu_hours": round(o.gpu_hours, 4),
+                "scale_events": o.scale_events,
+                "reversals": o.reversals,
+                "missing_data_scale_downs": o.missing_data_scale_downs,
+                "p95_first_audio_s": round(o.p95_first_audio_s, 4),
+                "seed": r.seed,
+                "selection": selection,
+                "role": "train" if r.trace == exp.train.name else "eval",
+                "p50_first_audio_s": round(o.p50_first_audio_s, 4),
+                "p99_first_audio_s": round(o.p99_first_audio_s, 4),
+                "minutes_in_violation": o.minutes_in_violation,
+                "max_replicas": o.max_replicas,
+                "requests": o.requests,
+            }
+        )
+    return {
+        "runs": runs,
+        "summary": {
+            "train": exp.train.name,
+            "evals": [r.name for r in exp.evals],
+            "seeds": list(exp.seeds),
+            "defaults": {
+                "slo_first_audio_s": exp.config.slo_s,
+                "cold_start_s": exp.config.cold_start_s,
+                "load_multiplier": exp.train.multiplier,
+                "give_up_s": exp.config.give_up_s,
+                "warmup_s": exp.config.warmup_s,
+                "service": asdict(exp.config.service),
+                "prometheus": asdict(exp.config.prometheus),
+                "goal_attainment": GOAL_ATTAINMENT,
+            },
+            "train_mean_load_pods": round(result.train_load_pods, 3),
+            "initial_replicas": result.initial,
+            "ours": dict(exp.ours),
+            "chosen_on_train": {
+                p: {
+                    "params": s.params,
+                    "slo_attainment": round(s.slo_attainment, 6),
+                    "gpu_hours": round(s.gpu_hours, 4),
+                }
+                for p, s in result.chosen.items()
+            },
+            "table": [_row(s, role) for s, role in table_rows(result)],
+            "goal": [asdict(v) | {"met": v.met} for v in verdicts(result)],
+        },
+    }
+
+
+def _row(s: Summary, role: str) -> dict[str, Any]:
+    return {
+        "trace": s.trace,
+        "policy": s.policy,
+        "tuned": role,
+        "params": s.params,
+        "slo_attainment": round(s.slo_attainment, 5),
+        "attainment_range": [round(x, 5) for x in s.attainment_range],
+        "gpu_hours": round(s.gpu_hours, 3),
+        "gpu_hours_range": [round(x, 3) for x in s.gpu_hours_range],
+        "scale_events": round(s.scale_events, 2),
+        "reversals": round(s.reversals, 2),
+        "missing_data_scale_downs": s.missing_data_scale_downs,
+        "p95_first_audio_s": round(s.p95_first_audio_s, 3),
+    }
+
+
+def table_rows(result: Result) -> list[tuple[Summary, str]]:
+    """Per evaluation trace: ours, each baseline as tuned on the training trace, and each
+    baseline's oracle; the training trace first."""
+    exp = result.experiment
+    rows: list[tuple[Summary, str]] = []
+    for trace in [exp.train.name, *(r.name for r in exp.evals)]:
+        for policy, chosen in result.chosen.items():
+            s = lookup(result, trace, policy, chosen.params)
+            if s is not None:
+                rows.append((s, "train"))
+            if trace != exp.train.name:
+                oracle = result.oracle.get((trace, policy))
+                if oracle is not None and _key(oracle.params) != _key(chosen.params):
+                    rows.append((oracle, "oracle"))
+    return rows
+
+
+def _params_text(params: Params) -> str:
+    short = {
+        "target_ms": "target",
+        "min_replicas": "min",
+        "down_window_s": "down",
+        "up_step": "up+",
+        "down_step": "down-",
+        "replicas": "n",
+    }
+    return " ".join(
+        f"{short.get(k, k)}={v:g}" if isinstance(v, float) else f"{short.get(k, k)}={v}"
+        for k, v in params.items()
+    )
+
+
+def table(result: Result) -> str:
+    """The readable report."""
+    exp = result.experiment
+    lines = [
+        f"SLO: first audio <= {exp.config.slo_s:g} s; cold start {exp.config.cold_start_s:g} s; "
+        f"load x{exp.train.multiplier:g}; seeds {len(exp.seeds)}; training trace "
+        f"{exp.train.name} (mean load {result.train_load_pods:.1f} pods)",
+        "",
+        f"{'trace':<26} {'policy':<16} {'tuned':<7} {'SLO met':>8} {'GPU-h':>8} "
+        f"{'events':>7} {'revers':>6} {'miss-dn':>7} {'p95 s':>7}  params",
+    ]
+    previous = ""
+    for s, role in table_rows(result):
+        if s.trace != previous and previous:
+            lines.append("")
+        previous = s.trace
+        lines.append(
+            f"{s.trace[:26]:<26} {s.policy:<16} {role:<7} {100 * s.slo_attainment:>7.2f}% "
+            f"{s.gpu_hours:>8.2f} {s.scale_events:>7.1f} {s.reversals:>6.1f} "
+            f"{s.missing_data_scale_downs:>7d} {s.p95_first_audio_s:>7.2f}  "
+            f"{_params_text(s.params)}"
+        )
+    lines.append("")
+    lines.append("Goal (ours >= 99 %, <= 85 % of the GPU-hours of every train-tuned baseline at")
+    lines.append("99 %, >= 30 % fewer scale events than the fewest of them, no missing-data")
+    lines.append("scale-down):")
+    for v in verdicts(result):
+        gpu = f"{v.gpu_ratio:.2f}" if v.gpu_ratio is not None else "n/a"
+        ev = (
+            f"{v.events_ratio:.2f}"
+            if v.events_ratio is not None and math.isfinite(v.events_ratio)
+            else ("n/a" if v.events_ratio is None else "inf")
+        )
+        lines.append(
+            f"  {v.trace:<26} {'MET' if v.met else 'not met':<8} attainment "
+            f"{100 * v.ours_attainment:.2f}%, GPU-h ratio {gpu}, events ratio {ev}, "
+            f"vs {', '.join(v.compared_with) or 'none at 99 %'}"
+        )
+    return "\n".join(lines)
+
+
+def markdown(result: Result) -> str:
+    """The report as Markdown tables (for docs/autoscaling-benchmark.md)."""
+    lines = [
+        "| trace | policy | tuned on | SLO met (seeds' range) | GPU-h (range) | scale events "
+        "| reversals | missing-data scale-downs | p95 first audio | parameters |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s, role in table_rows(result):
+        lo, hi = s.attainment_range
+        glo, ghi = s.gpu_hours_range
+        lines.append(
+            f"| {s.trace} | {s.policy} | {role} | {100 * s.slo_attainment:.2f} % "
+            f"({100 * lo:.2f}-{100 * hi:.2f}) | {s.gpu_hours:.1f} ({glo:.1f}-{ghi:.1f}) "
+            f"| {s.scale_events:.1f} | {s.reversals:.1f} | {s.missing_data_scale_downs} "
+            f"| {s.p95_first_audio_s:.2f} s | {_params_text(s.params)} |"
+        )
+    lines += [
+        "",
+        "| evaluation trace | goal | ours | GPU-h ratio | events ratio | vs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in verdicts(result):
+        gpu = f"{v.gpu_ratio:.2f}" if v.gpu_ratio is not None else "n/a"
+        if v.events_ratio is None:
+            ev = "n/a"
+        else:
+            ev = f"{v.events_ratio:.2f}" if math.isfinite(v.events_ratio) else "inf"
+        lines.append(
+            f"| {v.trace} | {'met' if v.met else 'not met'} | {100 * v.ours_attainment:.2f} % "
+            f"| {gpu} | {ev} | {', '.join(v.compared_with) or 'none at 99 %'} |"
+        )
+    return "\n".join(lines)
