@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from cosyvoice_operator.devtools.localcluster import ClusterError, LocalCluster, pki
-from cosyvoice_operator.devtools.localcluster.cluster import COMPONENTS, SERVICE_IP, State, _alive
+from cosyvoice_operator.devtools.localcluster.cluster import COMPONENTS, SERVICE_IP, State
+from cosyvoice_operator.devtools.localcluster.processes import alive
 
 CLI = [sys.executable, "-m", "cosyvoice_operator", "cluster"]
 
@@ -87,7 +88,7 @@ def test_up_prints_only_exports_and_is_idempotent(named: tuple[str, str]) -> Non
     pids = State.load(LocalCluster(a).paths.state).pids
     _cli("down", "--name", a)
     assert set(pids) == set(COMPONENTS)
-    assert not any(_alive(pid, comp) for comp, pid in pids.items())
+    assert not any(alive(pid, comp) for comp, pid in pids.items())
     assert _cli("status", "--name", a, check=False).returncode == 3
     assert LocalCluster(b).is_up()  # stopping a leaves b alone
 

@@ -9,13 +9,10 @@ the command that started it: ``up`` returns once everything is ready, ``down`` s
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -28,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from cosyvoice_operator.devtools.localcluster import binaries, pki
+from cosyvoice_operator.devtools.localcluster import binaries, pki, processes
 from cosyvoice_operator.devtools.localcluster.binaries import Log, stderr_log
 
 SERVICE_CIDR = "10.96.0.0/16"
@@ -119,49 +116,6 @@ class State:
         tmp.replace(path)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        # As the components' own listeners do: a port in TIME_WAIT after a quick down/up is
-        # free to them, and must not make the cluster move.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _alive(pid: int, binary: str) -> bool:
-    """True when pid runs `binary` (a recycled pid of another program does not count)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    if not cmdline:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    except (OSError, IndexError):
-        return False
-    return Path(cmdline.split(b"\0")[0].decode()).name == binary
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 def parse_gpu_nodes(specs: Iterable[str]) -> dict[str, int]:
     """``PRODUCT=COUNT`` arguments into {product: count}; a repeated product adds up."""
     nodes: dict[str, int] = {}
@@ -248,7 +202,7 @@ class LocalCluster:
 
     def running(self) -> dict[str, bool]:
         state = State.load(self.paths.state)
-        return {comp: _alive(pid, comp) for comp, pid in state.pids.items()}
+        return {comp: processes.alive(pid, comp) for comp, pid in state.pids.items()}
 
     def is_up(self) -> bool:
         status = self.running()
@@ -273,14 +227,14 @@ class LocalCluster:
         self._link_tools(paths)
         state = State.load(self.paths.state)
         for comp in COMPONENTS:
-            state.ports.setdefault(comp, _free_port())
-        state.ports.setdefault("etcd-peer", _free_port())
-        if not any(_alive(pid, comp) for comp, pid in state.pids.items()):
+            state.ports.setdefault(comp, processes.free_port())
+        state.ports.setdefault("etcd-peer", processes.free_port())
+        if not any(processes.alive(pid, comp) for comp, pid in state.pids.items()):
             # Nothing of this cluster runs: a port another program took since the last
             # `up` is replaced (the kubeconfig below follows), instead of failing the start.
             for name, port in sorted(state.ports.items()):
-                if not _port_free(port):
-                    state.ports[name] = _free_port()
+                if not processes.port_free(port):
+                    state.ports[name] = processes.free_port()
                     self.log(f"port {port} ({name}) is in use now; {name} moves to another")
         state.save(self.paths.state)
         pki.ensure_pki(self.paths.pki, SERVICE_IP)
@@ -289,7 +243,7 @@ class LocalCluster:
         try:
             for comp in COMPONENTS:
                 pid = state.pids.get(comp)
-                if pid and _alive(pid, comp):
+                if pid and processes.alive(pid, comp):
                     continue
                 self.log(f"starting {comp} ...")
                 proc = self._spawn(comp, paths, state.ports)
@@ -307,7 +261,7 @@ class LocalCluster:
             for comp in reversed(spawned):
                 pid = state.pids.pop(comp, None)
                 if pid:
-                    _stop(pid, comp)
+                    processes.stop(pid, comp)
             state.save(self.paths.state)
             raise
         total = sum(gpu_nodes.values())
@@ -501,14 +455,14 @@ class LocalCluster:
             if proc.poll() is not None:
                 log = self.paths.logs / f"{comp}.log"
                 raise ClusterError(
-                    f"{comp} exited during start; last lines of {log}:\n{_tail(log)}"
+                    f"{comp} exited during start; last lines of {log}:\n{processes.tail(log)}"
                 )
             if self._probe(comp, ports):
                 return
             time.sleep(0.2)
         raise ClusterError(
             f"{comp} not ready after {timeout:.0f}s; last lines of its log:\n"
-            + _tail(self.paths.logs / f"{comp}.log")
+            + processes.tail(self.paths.logs / f"{comp}.log")
         )
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
@@ -552,7 +506,7 @@ class LocalCluster:
             time.sleep(0.3)
         raise ClusterError(
             f"only {ready}/{want} fake GPU nodes became Ready (and untainted) in {timeout:.0f}s; "
-            f"kwok log:\n{_tail(self.paths.logs / 'kwok.log')}"
+            f"kwok log:\n{processes.tail(self.paths.logs / 'kwok.log')}"
         )
 
     def _wait_default_serviceaccount(self, timeout: float = 60) -> None:
@@ -580,10 +534,10 @@ class LocalCluster:
         state = State.load(self.paths.state)
         for comp in reversed(COMPONENTS):
             pid = state.pids.get(comp)
-            if pid and _alive(pid, comp):
+            if pid and processes.alive(pid, comp):
                 if not quiet:
                     self.log(f"stopping {comp} (pid {pid})")
-                _stop(pid, comp)
+                processes.stop(pid, comp)
         state.pids = {}
         if self.paths.root.exists():
             state.save(self.paths.state)
@@ -606,29 +560,6 @@ class LocalCluster:
             "kubeconfig": str(self.paths.kubeconfig),
             "components": procs,
         }
-
-
-def _stop(pid: int, binary: str, grace: float = 10) -> None:
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not _alive(pid, binary):
-            _reap(pid)
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-    _reap(pid)
-
-
-def _reap(pid: int) -> None:
-    # Only a child of this process can be reaped (the fixture's own cluster); others are
-    # reaped by init.
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 def _kwok_node_stages() -> list[Path]:
