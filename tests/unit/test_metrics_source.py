@@ -4,7 +4,10 @@ unavailable, "no traffic" apart from "no data", and the PromQL it sends."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
 import re
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -239,17 +242,15 @@ def test_nan_or_infinite_is_not_a_number(signal: str, value: str) -> None:
     assert f" is {float(value)} at " in got.message
 
 
-def test_error_answer_is_query_failed_in_prometheus_words() -> None:
+def test_error_answer_is_query_failed_with_status_code_and_reason_only() -> None:
     # What prometheus-api-client raises for a 400 (checked against a real Prometheus in
-    # tests/integration/test_metrics_source.py).
-    body = b'{"status":"error","errorType":"bad_data","error":"1:5: parse error: unexpected"}'
+    # tests/integration/test_metrics_source.py). The body is whatever the URL answered:
+    # status and Events get the code and its standard phrase only (issue 21 H2).
+    body = b'{"status":"error","errorType":"bad_data","error":"db_password=hunter2"}'
     err = PrometheusApiClientException(f"HTTP Status Code 400 ({body!r})")
-    check(
-        sample(FakePrometheus(fail=err)),
-        ms.QUERY_FAILED,
-        URL,
-        "HTTP Status Code 400: bad_data: 1:5: parse error: unexpected",
-    )
+    got = sample(FakePrometheus(fail=err))
+    check(got, ms.QUERY_FAILED, URL, "HTTP 400 Bad Request")
+    assert "hunter2" not in got.message and "bad_data" not in got.message
 
 
 def test_server_error_without_json_is_query_failed() -> None:
@@ -258,18 +259,39 @@ def test_server_error_without_json_is_query_failed() -> None:
 
 
 @pytest.mark.parametrize(
-    "answer", [[{"metric": {}}], [{"value": [NOW, "x"]}], "garbage", [{"value": [NOW, "1"]}] * 2]
+    "answer", [[{"metric": {}}], [{"value": [NOW, "x"]}], "garbage", [{"secret": "s3cr3t"}], 7]
 )
-def test_malformed_answer_is_query_failed(answer: Any) -> None:
+def test_malformed_answer_is_no_data_and_not_quoted(answer: Any) -> None:
     class Odd(FakePrometheus):
         def custom_query(self, query: str) -> Any:
             return answer if kind(query) == "pending" else super().custom_query(query)
 
-    check(sample(Odd()), ms.QUERY_FAILED, "nv_inference_pending_request_count")
+    got = sample(Odd())
+    check(got, ms.NO_DATA, "nv_inference_pending_request_count")
+    assert "s3cr3t" not in got.message and "garbage" not in got.message
 
 
-def test_other_request_failure_is_query_failed() -> None:
-    check(sample(FakePrometheus(fail=requests.exceptions.InvalidURL("bad"))), ms.QUERY_FAILED)
+def test_two_series_where_one_is_expected_is_query_failed() -> None:
+    class Odd(FakePrometheus):
+        def custom_query(self, query: str) -> Any:
+            if kind(query) == "pending":
+                return [{"value": [NOW, "1"]}] * 2
+            return super().custom_query(query)
+
+    check(sample(Odd()), ms.QUERY_FAILED, "answered 2 series")
+
+
+@pytest.mark.parametrize("err", [KeyError("data"), TypeError("list indices"), ValueError("json")])
+def test_an_answer_without_data_is_no_data_never_an_exception(err: Exception) -> None:
+    # What the real client raises on a 200 whose JSON lacks data.result (KeyError), is a
+    # list (TypeError) or is not JSON (ValueError): sample() promises never to raise.
+    check(sample(FakePrometheus(fail=err)), ms.NO_DATA, "without data")
+
+
+def test_other_request_failure_is_query_failed_by_kind_only() -> None:
+    got = sample(FakePrometheus(fail=requests.exceptions.InvalidURL("bad s3cr3t")))
+    check(got, ms.QUERY_FAILED, "InvalidURL")
+    assert "s3cr3t" not in got.message
 
 
 @pytest.mark.parametrize(
@@ -361,3 +383,141 @@ def test_messages_never_show_the_urls_credentials(url: str, shown: str) -> None:
     source = ms.PrometheusSource(url)
     assert source.shown_url == shown
     assert "s3cret" not in source.shown_url
+
+
+# ---- a real HTTP server: bodies, redirects, and the allowed URLs (issue 21 H2) --------------
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with the server's ``answer`` (status, headers, body)."""
+
+    def do_GET(self) -> None:
+        self.server.paths.append(self.path)  # type: ignore[attr-defined]
+        status, headers, body = self.server.answer  # type: ignore[attr-defined]
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def answering(status: int, body: bytes, headers: Mapping[str, str] | None = None) -> Any:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    server.answer = (status, dict(headers or {}), body)  # type: ignore[attr-defined]
+    server.paths = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def real_sample(url: str) -> Sample:
+    source = PrometheusSource(url, timeout_seconds=5)
+    try:
+        return asyncio.run(source.sample(NS, ["p-0"], MODEL))
+    finally:
+        source.close()
+
+
+def test_an_error_body_never_reaches_the_message() -> None:
+    with answering(403, b"internal-only: db_password=hunter2 api_token=abc123") as server:
+        got = real_sample(f"http://127.0.0.1:{server.server_port}")
+    check(got, ms.QUERY_FAILED, "HTTP 403 Forbidden")
+    assert "hunter2" not in got.message and "abc123" not in got.message
+
+
+@pytest.mark.parametrize("body", [b"{}", b'{"status":"success"}', b"[1]", b"<html>hi</html>"])
+def test_a_200_without_data_from_a_real_server_is_no_data(body: bytes) -> None:
+    with answering(200, body) as server:
+        got = real_sample(f"http://127.0.0.1:{server.server_port}")
+    check(got, ms.NO_DATA)
+    assert "html" not in got.message
+
+
+def test_a_redirect_is_not_followed() -> None:
+    with answering(200, b"{}") as elsewhere:
+        target = f"http://127.0.0.1:{elsewhere.server_port}/stolen"
+        with answering(302, b"", {"Location": target}) as server:
+            got = real_sample(f"http://127.0.0.1:{server.server_port}")
+        assert elsewhere.paths == []  # type: ignore[attr-defined]
+    check(got, ms.QUERY_FAILED, "TooManyRedirects")
+
+
+class _Closing:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.closed = False
+        self.sampled: list[str] = []
+
+    async def sample(self, namespace: str, pods: Any, model: str) -> Sample:
+        self.sampled.append(namespace)
+        return ms.unavailable(ms.NO_DATA, "fake")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_url_the_operator_does_not_allow_is_never_asked() -> None:
+    made: list[_Closing] = []
+
+    def factory(url: str) -> _Closing:
+        made.append(_Closing(url))
+        return made[-1]
+
+    sources = ms.PrometheusSources([URL], factory=factory)
+    for url in ("http://attacker.example/any/path?x=", "http://prometheus.monitoring:9091"):
+        got = asyncio.run(sources.sample(url, NS, ["p-0"], MODEL))
+        assert got.unavailable_reason == ms.NOT_ALLOWED == "PrometheusNotAllowed"
+        assert "COSYVOICE_ALLOWED_PROMETHEUS_URLS" in got.message
+    assert made == []
+    secret = "http://sre:s3cret@other:9090"
+    assert "s3cret" not in asyncio.run(sources.sample(secret, NS, ["p-0"], MODEL)).message
+    # The allowed one, spelled with a trailing slash or an upper-case host, is the same.
+    for url in (URL, URL + "/", URL.replace("prometheus", "PROMETHEUS")):
+        asyncio.run(sources.sample(url, NS, ["p-0"], MODEL))
+    assert len(made) == 1 and made[0].sampled == [NS] * 3
+
+
+def test_the_client_cache_is_bounded_and_closes_what_it_evicts() -> None:
+    urls = [f"http://prom-{i}:9090" for i in range(300)]
+    made: dict[str, _Closing] = {}
+
+    def factory(url: str) -> _Closing:
+        made[url] = _Closing(url)
+        return made[url]
+
+    sources = ms.PrometheusSources(urls, size=4, factory=factory)
+    for url in urls:
+        got: object = sources.get(url)
+        assert got is made[url]
+    assert len(sources) == 4
+    assert [u for u, s in made.items() if not s.closed] == urls[-4:]
+    # Used recently, kept: the least recently used one goes.
+    sources.get(urls[-4])
+    sources.get(urls[0])
+    assert made[urls[-4]].closed is False and made[urls[-3]].closed is True
+    sources.close()
+    assert all(s.closed for s in made.values())
+
+
+def test_closing_a_real_source_releases_its_sockets() -> None:
+    with answering(200, b'{"status":"success","data":{"resultType":"vector","result":[]}}') as srv:
+        url = f"http://127.0.0.1:{srv.server_port}"
+        sources = ms.PrometheusSources([url], size=1)
+        got = asyncio.run(sources.sample(url, NS, ["p-0"], MODEL))
+        assert got.unavailable_reason == ms.NO_DATA
+        source = sources.get(url)
+        assert source is not None and source._opened
+        sources.close()
+        assert source._opened == []
+        # A closed source refuses rather than reopening connections.
+        again = asyncio.run(source.sample(NS, ["p-0"], MODEL))
+        assert again.unavailable_reason == ms.UNREACHABLE and "closed" in again.message

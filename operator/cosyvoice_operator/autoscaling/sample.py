@@ -13,12 +13,15 @@ STALE = "Stale"
 NOT_A_NUMBER = "NotANumber"
 QUERY_FAILED = "QueryFailed"
 UNREACHABLE = "Unreachable"
+# The URL is not one the operator is configured to query (no request was made).
+NOT_ALLOWED = "PrometheusNotAllowed"
 
 
 @dataclass(frozen=True)
 class Sample:
     available: bool
-    unavailable_reason: str  # "" | NoData | Stale | NotANumber | QueryFailed | Unreachable
+    # "" | NoData | Stale | NotANumber | QueryFailed | Unreachable | PrometheusNotAllowed
+    unavailable_reason: str
     message: str
     queue_latency_ms: float | None
     pending_requests: float | None

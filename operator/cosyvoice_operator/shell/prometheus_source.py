@@ -47,19 +47,29 @@ scrape intervals.
 
 The client (prometheus-api-client) blocks: every sample runs in a worker thread
 (``asyncio.to_thread``), one client per thread, under an overall timeout.
+
+What a Prometheus says reaches status conditions and Events that anyone who can read the
+service sees, so messages carry only what the operator knows: the query, the URL without
+credentials, an HTTP status code and its standard reason phrase, never a body (a URL that
+answers with a secret must not get it published). An answer that is not the shape of
+``/api/v1/query``'s (200 without ``data``, not JSON, elements without values) is no data.
+:class:`PrometheusSources` is what the autoscaler holds: only the URLs the operator is
+configured to allow (a service's ``prometheusUrl`` is otherwise a request from the
+operator's pod to anywhere), and a bounded set of clients that closes those it drops.
 """
 
 from __future__ import annotations
 
-import ast
 import asyncio
+import http
 import json
 import math
 import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -71,6 +81,7 @@ from urllib3.util.retry import Retry
 from cosyvoice_operator.autoscaling.sample import (
     NO_DATA,
     NOT_A_NUMBER,
+    NOT_ALLOWED,
     QUERY_FAILED,
     STALE,
     UNREACHABLE,
@@ -79,12 +90,14 @@ from cosyvoice_operator.autoscaling.sample import (
 )
 
 __all__ = [
+    "NOT_ALLOWED",
     "NOT_A_NUMBER",
     "NO_DATA",
     "QUERY_FAILED",
     "STALE",
     "UNREACHABLE",
     "PrometheusSource",
+    "PrometheusSources",
     "Sample",
     "unavailable",
 ]
@@ -196,9 +209,10 @@ def _points(result: Any, query: str) -> list[tuple[dict[str, str], float, float]
             at, raw = element["value"]
             points.append((dict(element.get("metric") or {}), float(at), float(raw)))
         return points
-    except (TypeError, KeyError, ValueError) as err:
+    except (TypeError, KeyError, ValueError, AttributeError):
+        # Not what /api/v1/query answers: no data, and nothing of the answer in the message.
         raise _Unavailable(
-            QUERY_FAILED, f"unexpected answer to {query}: {str(result)[:200]} ({err})"
+            NO_DATA, f"the answer to {query} is not an instant vector (not a Prometheus?)"
         ) from None
 
 
@@ -235,6 +249,10 @@ class PrometheusSource:
         self.stale_seconds = stale_seconds
         self._client = client
         self._local = threading.local()
+        # Every thread's client, to close them all (close() may run on any thread).
+        self._opened: list[PrometheusConnect] = []
+        self._lock = threading.Lock()
+        self._closed = False
 
     def _connection(self) -> QueryClient:
         if self._client is not None:
@@ -242,15 +260,33 @@ class PrometheusSource:
         client: QueryClient | None = getattr(self._local, "client", None)
         if client is None:
             # One quick retry of a refused connection; an HTTP error is an answer, not retried.
-            retry = Retry(total=1, connect=1, read=0, status=0, backoff_factor=0.1)
-            client = PrometheusConnect(
+            retry = Retry(total=1, connect=1, read=0, status=0, redirect=0, backoff_factor=0.1)
+            session = requests.Session()
+            # A redirect would take the request to a URL nobody allowed.
+            session.max_redirects = 0
+            connect = PrometheusConnect(
                 self.url,
                 retry=retry,
+                session=session,
                 # requests takes a float; the client's annotation says int.
                 timeout=self.timeout_seconds,  # type: ignore[arg-type]
             )
-            self._local.client = client
+            with self._lock:
+                if self._closed:
+                    connect.close()
+                    raise _Unavailable(UNREACHABLE, f"Prometheus at {self.shown_url}: closed")
+                self._opened.append(connect)
+            self._local.client = client = connect
         return client
+
+    def close(self) -> None:
+        """Close every thread's connection pool; a sample in flight then fails as
+        unreachable, and later ones are refused."""
+        with self._lock:
+            self._closed = True
+            opened, self._opened = self._opened, []
+        for connect in opened:
+            connect.close()
 
     async def sample(self, namespace: str, pods: Sequence[str], model: str) -> Sample:
         """The signals of ``model`` over ``pods`` of ``namespace``; never raises for
@@ -290,13 +326,24 @@ class PrometheusSource:
             raise _Unavailable(
                 QUERY_FAILED, f"Prometheus at {self.shown_url} refused {query}: {_api_error(err)}"
             ) from None
-        except requests.RequestException as err:
+        except requests.exceptions.JSONDecodeError:
             raise _Unavailable(
-                QUERY_FAILED, f"Prometheus at {self.shown_url} failed on {query}: {err}"
+                NO_DATA,
+                f"Prometheus at {self.shown_url} answered {query} without data (not JSON)",
             ) from None
-        except ValueError as err:  # a body that is not JSON
+        except requests.RequestException as err:
+            # The exception's text may quote the answer or the URL: its kind only.
             raise _Unavailable(
-                QUERY_FAILED, f"Prometheus at {self.shown_url} gave no JSON for {query}: {err}"
+                QUERY_FAILED,
+                f"Prometheus at {self.shown_url} failed on {query}: {type(err).__name__}",
+            ) from None
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            # 200 with a body that is not JSON, or JSON without data.result: not an error of
+            # Prometheus' own, and no data either way.
+            raise _Unavailable(
+                NO_DATA,
+                f"Prometheus at {self.shown_url} answered {query} without data "
+                "(not a Prometheus query API?)",
             ) from None
 
     def _read(self, namespace: str, pods: list[str], model: str, deadline: float) -> Sample:
@@ -412,16 +459,90 @@ def _connection_error(err: requests.RequestException) -> str:
 
 
 def _api_error(err: PrometheusApiClientException) -> str:
-    """Prometheus' own words from the client's exception, when they are there.
+    """The status code and its standard reason phrase, from the client's exception.
 
-    The client's message is ``HTTP Status Code 400 (b'{"status":"error",...}')``: the
-    status, then the repr of the body, whose ``error`` says what was wrong with the query.
+    The client's message is ``HTTP Status Code 400 (b'...')``: the status, then the repr of
+    the body. The body is whatever the URL answered, which status and Events must not
+    publish (a planted ``db_password=...`` would be), so only the code is read from it.
     """
-    text = str(err)
-    status, _, rest = text.partition(" (")
+    found = re.match(r"HTTP Status Code (\d{3})\b", str(err))
+    if not found:
+        return "an error answer"
+    code = int(found.group(1))
     try:
-        body = ast.literal_eval(rest.removesuffix(")"))
-        error = json.loads(body)
-        return f"{status}: {error['errorType']}: {error['error']}"
-    except (ValueError, SyntaxError, KeyError, TypeError):
-        return text[:300]
+        phrase = http.HTTPStatus(code).phrase
+    except ValueError:
+        phrase = "non-standard status"
+    return f"HTTP {code} {phrase}"
+
+
+def normalized_url(url: str) -> str:
+    """A URL as compared with the allowed ones: scheme and host in lower case, no trailing
+    slash (``PrometheusSource`` strips it too)."""
+    parts = urllib.parse.urlsplit(url.strip())
+    return urllib.parse.urlunsplit(
+        parts._replace(scheme=parts.scheme.lower(), netloc=parts.netloc.lower())
+    ).rstrip("/")
+
+
+class PrometheusSources:
+    """The Prometheus sources of every service: the allowed URLs only, at most ``size``
+    clients (the least recently used one is closed when another is needed).
+
+    ``allowed`` are the URLs the operator may query (its own ``COSYVOICE_PROMETHEUS_URL`` and
+    ``COSYVOICE_ALLOWED_PROMETHEUS_URLS``), compared exactly after :func:`normalized_url`: a
+    service's ``prometheusUrl`` chooses among them, it never adds one.
+    """
+
+    def __init__(
+        self,
+        allowed: Iterable[str],
+        window_seconds: int = 60,
+        size: int = 8,
+        *,
+        factory: Any = None,
+    ) -> None:
+        self.allowed = frozenset(normalized_url(u) for u in allowed if u.strip())
+        self.window_seconds = window_seconds
+        self.size = max(1, size)
+        self._factory = factory or (lambda url: PrometheusSource(url, window_seconds))
+        self._sources: OrderedDict[str, PrometheusSource] = OrderedDict()
+
+    def is_allowed(self, url: str) -> bool:
+        return normalized_url(url) in self.allowed
+
+    def __len__(self) -> int:
+        return len(self._sources)
+
+    def get(self, url: str) -> PrometheusSource | None:
+        """The source of an allowed URL (made, or the cached one); None for any other."""
+        key = normalized_url(url)
+        if key not in self.allowed:
+            return None
+        source = self._sources.get(key)
+        if source is None:
+            source = self._sources[key] = self._factory(key)
+            while len(self._sources) > self.size:
+                _, evicted = self._sources.popitem(last=False)
+                evicted.close()
+        self._sources.move_to_end(key)
+        return source
+
+    async def sample(self, url: str, namespace: str, pods: Sequence[str], model: str) -> Sample:
+        """``PrometheusSource.sample`` of the URL, or ``PrometheusNotAllowed`` without a
+        request when the operator does not allow it."""
+        source = self.get(url)
+        if source is None:
+            return unavailable(
+                NOT_ALLOWED,
+                f"Prometheus at {without_credentials(url)} is not one the operator may query: "
+                "leave spec.autoscaling.prometheusUrl empty for the operator's own, or ask for "
+                "it to be added to COSYVOICE_ALLOWED_PROMETHEUS_URLS (chart value "
+                "config.allowedPrometheusUrls)",
+            )
+        return await source.sample(namespace, pods, model)
+
+    def close(self) -> None:
+        while self._sources:
+            _, source = self._sources.popitem()
+            source.close()
