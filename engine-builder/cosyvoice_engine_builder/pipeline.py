@@ -1,7 +1,8 @@
 """The build, step by step: fetch, convert, build, two TensorRT plans, publish.
 
 Each step but publish is resumable through :mod:`~cosyvoice_engine_builder.steps`;
-publish is atomic through :mod:`~cosyvoice_engine_builder.publish`. The whole build runs
+publish is atomic through :mod:`~cosyvoice_engine_builder.publish`, and writes the manifest
+:mod:`~cosyvoice_engine_builder.manifest_document` describes. The whole build runs
 under the key's lock, and is skipped when ``<cache-dir>/<key>`` already verifies.
 
 With vLLM as the LLM runtime two other artifacts go the same way with fewer steps:
@@ -17,9 +18,7 @@ import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from cosyvoice_engine_builder import commands
 from cosyvoice_engine_builder.commands import PlanSpec, ToolPaths
@@ -35,12 +34,13 @@ from cosyvoice_engine_builder.layout import (
     resolve_layout,
 )
 from cosyvoice_engine_builder.lock import exclusive_lock
-from cosyvoice_engine_builder.manifest import SCHEMA_VERSION, verify_engine_dir
+from cosyvoice_engine_builder.manifest import verify_engine_dir
+from cosyvoice_engine_builder.manifest_document import manifest_document
 from cosyvoice_engine_builder.progress import Console, StepLog
 from cosyvoice_engine_builder.publish import Placement, publish
 from cosyvoice_engine_builder.redaction import without_secrets
 from cosyvoice_engine_builder.releases import companions, known_releases
-from cosyvoice_engine_builder.request import Artifact, BuildRequest, KvCacheType
+from cosyvoice_engine_builder.request import Artifact, BuildRequest
 from cosyvoice_engine_builder.runner import Command, CommandFailed, Runner
 from cosyvoice_engine_builder.steps import StepMarkers, params_digest
 from cosyvoice_engine_builder.toolchain import (
@@ -456,36 +456,12 @@ class Pipeline:
             layout_fields["modelDir"] = ENGINE_MODEL_DIR
             layout_fields["tokenizerDir"] = tokenizer_rel
 
-        def manifest_for(files: list[dict[str, Any]]) -> dict[str, Any]:
-            return {
-                "schemaVersion": SCHEMA_VERSION,
-                "key": r.key,
-                "variant": r.variant.value,
-                "model": {
-                    "uri": r.source.uri,
-                    "revision": r.revision,
-                    "companions": [
-                        {"uri": c.uri, "into": c.into} for c in companions(r.variant, r.source)
-                    ],
-                },
-                **self._llm_fields(),
-                "gpuArch": r.gpu_arch,
-                "versions": {
-                    "tensorrt": versions.tensorrt,
-                    "tensorrtLlm": versions.tensorrt_llm,
-                    "builder": versions.builder,
-                },
-                "createdAt": datetime.now(UTC).isoformat(timespec="seconds"),
-                "layout": layout_fields,
-                "files": files,
-            }
-
         log.line(f"assembling {r.partial_dir}")
         result = publish(
             cache_dir=r.cache_dir,
             key=r.key,
             placements=placements,
-            manifest_for=manifest_for,
+            manifest_for=lambda files: manifest_document(r, versions, layout_fields, files),
             echo=log.line,
         )
         if result.already_present:
@@ -493,29 +469,6 @@ class Pipeline:
         else:
             log.line(f"published {result.engine_dir}")
         return result.engine_dir
-
-    def _llm_fields(self) -> dict[str, Any]:
-        """The manifest's description of the LLM: the engine's build options, or for vLLM's
-        artifacts only which one it is (vLLM's options are its server's flags)."""
-        r = self.request
-        if not r.builds_llm:
-            return {"llmRuntime": "vllm", "artifact": r.artifact.value}
-        fields: dict[str, Any] = {
-            "precision": r.precision.value,
-            "tensorParallelSize": r.tensor_parallel_size,
-            "maxBatchSize": r.max_batch_size,
-            "maxNumTokens": r.max_num_tokens,
-        }
-        if r.kv_cache_type is not KvCacheType.AUTO:
-            fields["kvCacheType"] = r.kv_cache_type.value
-        if r.smooth_quant is not None:
-            sq = r.smooth_quant
-            fields["smoothQuant"] = {
-                "alpha": sq.alpha,
-                "perToken": sq.per_token,
-                "perChannel": sq.per_channel,
-            }
-        return fields
 
     def _clean_work(self) -> None:
         # Only what the builder itself created: --work-dir may point somewhere shared.

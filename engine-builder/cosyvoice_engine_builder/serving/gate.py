@@ -232,54 +232,76 @@ def compare(
     vllm: bool = False,
 ) -> list[Mismatch]:
     """Everything about this pod that keeps the engine from loading correctly in it."""
-    found: list[Mismatch] = []
-    built_key = manifest.get("key")
-    if built_key != key:
-        found.append(
-            Mismatch(
-                "key",
-                f"{engine_dir} holds engine {built_key!r}, not {key!r}",
-                "the Deployment mounts the wrong directory of the engine cache, or the cache "
-                "entry was replaced; the pod's spec and the engine record disagree",
-            )
-        )
-    built_variant = manifest.get("variant")
-    if built_variant != variant.value:
-        found.append(
-            Mismatch(
-                "variant",
-                f"the engine is a {built_variant} engine, this pod serves {variant.value}",
-                "the pod's --variant and its engine key come from different services",
-            )
-        )
+    found = [
+        *_check_key(manifest, engine_dir, key),
+        *_check_variant(manifest, variant),
+        *_check_gpu_arch(manifest, facts),
+        *_check_versions(manifest, facts, vllm),
+    ]
+    if variant is Variant.COSYVOICE3 or vllm:
+        found += _check_llm_groups(manifest, facts, llm_groups, vllm)
+    found += _check_files(engine_dir, key, file_problems)
+    return found
 
+
+def _check_key(manifest: Mapping[str, Any], engine_dir: Path, key: str) -> list[Mismatch]:
+    built_key = manifest.get("key")
+    if built_key == key:
+        return []
+    return [
+        Mismatch(
+            "key",
+            f"{engine_dir} holds engine {built_key!r}, not {key!r}",
+            "the Deployment mounts the wrong directory of the engine cache, or the cache "
+            "entry was replaced; the pod's spec and the engine record disagree",
+        )
+    ]
+
+
+def _check_variant(manifest: Mapping[str, Any], variant: Variant) -> list[Mismatch]:
+    built_variant = manifest.get("variant")
+    if built_variant == variant.value:
+        return []
+    return [
+        Mismatch(
+            "variant",
+            f"the engine is a {built_variant} engine, this pod serves {variant.value}",
+            "the pod's --variant and its engine key come from different services",
+        )
+    ]
+
+
+def _check_gpu_arch(manifest: Mapping[str, Any], facts: PodFacts) -> list[Mismatch]:
     built_arch = str(manifest.get("gpuArch"))
     if not facts.gpus:
-        found.append(
+        return [
             Mismatch(
                 "gpuArch",
                 f"no GPU is visible to this pod ({facts.gpu_note})",
                 f"the pod must request nvidia.com/gpu and run on a node with {built_arch} GPUs",
             )
+        ]
+    wrong = sorted({g.arch for g in facts.gpus if _norm_arch(g.arch) != _norm_arch(built_arch)})
+    if not wrong:
+        return []
+    return [
+        Mismatch(
+            "gpuArch",
+            f"GPU architecture {', '.join(wrong)} is not {built_arch}",
+            f"schedule this pod only on {built_arch} nodes (the operator runs one "
+            f"Deployment per architecture, pinned to its GPU products), or let the "
+            f"operator build an engine for {', '.join(wrong)}",
         )
-    else:
-        wrong = sorted({g.arch for g in facts.gpus if _norm_arch(g.arch) != _norm_arch(built_arch)})
-        if wrong:
-            found.append(
-                Mismatch(
-                    "gpuArch",
-                    f"GPU architecture {', '.join(wrong)} is not {built_arch}",
-                    f"schedule this pod only on {built_arch} nodes (the operator runs one "
-                    f"Deployment per architecture, pinned to its GPU products), or let the "
-                    f"operator build an engine for {', '.join(wrong)}",
-                )
-            )
+    ]
 
+
+def _check_versions(manifest: Mapping[str, Any], facts: PodFacts, vllm: bool) -> list[Mismatch]:
     versions = manifest.get("versions")
     versions = versions if isinstance(versions, dict) else {}
     checked = [("TensorRT", "tensorrt", facts.tensorrt)]
     if not vllm:  # vLLM's pods load TensorRT plans, no TensorRT-LLM engine
         checked.append(("TensorRT-LLM", "tensorrtLlm", facts.tensorrt_llm))
+    found: list[Mismatch] = []
     for name, field_name, have in checked:
         built = versions.get(field_name)
         if have is None:
@@ -302,48 +324,59 @@ def compare(
                     f"of {name} {have} (spec.engine.builderImage; it is part of the key)",
                 )
             )
-
-    if variant is Variant.COSYVOICE3 or vllm:
-        # vLLM's tensor parallelism is the groups' size itself: nothing built to match.
-        tp = None if vllm else manifest.get("tensorParallelSize")
-        groups = llm_groups
-        if isinstance(tp, int) and groups is not None:
-            sizes = sorted({len(g) for g in groups})
-            if sizes != [tp]:
-                found.append(
-                    Mismatch(
-                        "llmGroups",
-                        f"the LLM GPU groups have {', '.join(map(str, sizes))} GPU(s); the "
-                        f"engine was built for tensor-parallel size {tp}",
-                        f"each --llm-groups group must hold exactly {tp} GPU(s)",
-                    )
-                )
-        if groups is not None and facts.gpus:
-            absent = sorted({i for g in groups for i in g if int(i) >= len(facts.gpus)}, key=int)
-            if absent:
-                found.append(
-                    Mismatch(
-                        "llmGroups",
-                        f"--llm-groups names GPU {', '.join(absent)}; this pod sees "
-                        f"{len(facts.gpus)} GPU(s)",
-                        "request as many GPUs as the groups use",
-                    )
-                )
-
-    if file_problems:
-        listed = ", ".join(file_problems[:_MESSAGE_FILES_LISTED])
-        more = len(file_problems) - _MESSAGE_FILES_LISTED
-        found.append(
-            Mismatch(
-                "files",
-                f"{len(file_problems)} file(s) missing or changed since the build: {listed}"
-                + (f" and {more} more" if more > 0 else ""),
-                f"`cosyvoice-engine-builder verify --cache-dir {engine_dir.parent} --key "
-                f"{key}` lists every problem; `kubectl delete jobs,configmaps -l "
-                f"tts.cosyvoice.dev/engine-key={key}` makes the operator build it again",
-            )
-        )
     return found
+
+
+def _check_llm_groups(
+    manifest: Mapping[str, Any],
+    facts: PodFacts,
+    groups: tuple[tuple[str, ...], ...] | None,
+    vllm: bool,
+) -> list[Mismatch]:
+    """The LLM servers' GPU groups: the engine's tensor-parallel size, and GPUs that exist."""
+    found: list[Mismatch] = []
+    # vLLM's tensor parallelism is the groups' size itself: nothing built to match.
+    tp = None if vllm else manifest.get("tensorParallelSize")
+    if isinstance(tp, int) and groups is not None:
+        sizes = sorted({len(g) for g in groups})
+        if sizes != [tp]:
+            found.append(
+                Mismatch(
+                    "llmGroups",
+                    f"the LLM GPU groups have {', '.join(map(str, sizes))} GPU(s); the "
+                    f"engine was built for tensor-parallel size {tp}",
+                    f"each --llm-groups group must hold exactly {tp} GPU(s)",
+                )
+            )
+    if groups is not None and facts.gpus:
+        absent = sorted({i for g in groups for i in g if int(i) >= len(facts.gpus)}, key=int)
+        if absent:
+            found.append(
+                Mismatch(
+                    "llmGroups",
+                    f"--llm-groups names GPU {', '.join(absent)}; this pod sees "
+                    f"{len(facts.gpus)} GPU(s)",
+                    "request as many GPUs as the groups use",
+                )
+            )
+    return found
+
+
+def _check_files(engine_dir: Path, key: str, file_problems: Sequence[str]) -> list[Mismatch]:
+    if not file_problems:
+        return []
+    listed = ", ".join(file_problems[:_MESSAGE_FILES_LISTED])
+    more = len(file_problems) - _MESSAGE_FILES_LISTED
+    return [
+        Mismatch(
+            "files",
+            f"{len(file_problems)} file(s) missing or changed since the build: {listed}"
+            + (f" and {more} more" if more > 0 else ""),
+            f"`cosyvoice-engine-builder verify --cache-dir {engine_dir.parent} --key "
+            f"{key}` lists every problem; `kubectl delete jobs,configmaps -l "
+            f"tts.cosyvoice.dev/engine-key={key}` makes the operator build it again",
+        )
+    ]
 
 
 def gate_message(

@@ -84,6 +84,23 @@ def parse_llm_groups(text: str) -> tuple[tuple[str, ...], ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every flag of ``cosyvoice-serve``, in the order ``--help`` lists them."""
+    _add_paths(parser)
+    _add_ports_and_llm_servers(parser)
+    _add_vllm(parser)
+    parser.add_argument(
+        "--exit-timeout-seconds",
+        type=_non_negative_int,
+        default=DEFAULT_EXIT_TIMEOUT_SECONDS,
+        help="tritonserver --exit-timeout-secs: how long in-flight requests may finish",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the checks and the commands; start nothing"
+    )
+
+
+def _add_paths(parser: argparse.ArgumentParser) -> None:
+    """The engine, what it must be, and where the repository and the model view go."""
     parser.add_argument(
         "--engine-dir", required=True, type=Path, help="the engine of one key, e.g. /engines/KEY"
     )
@@ -114,6 +131,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="writable directory presenting the engine's model directory, with its prebuilt "
         "plans under upstream's names; the models' model_dir parameter points here",
     )
+
+
+def _add_ports_and_llm_servers(parser: argparse.ArgumentParser) -> None:
+    """Triton's ports, and the LLM servers beside it (either runtime)."""
     parser.add_argument("--http-port", type=_port, default=8000)
     parser.add_argument("--grpc-port", type=_port, default=8001)
     parser.add_argument("--metrics-port", type=_port, default=8002)
@@ -139,6 +160,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_LLM_STARTUP_SECONDS,
         help="how long every trtllm-serve may take to answer /health",
     )
+
+
+def _add_vllm(parser: argparse.ArgumentParser) -> None:
+    """The runtime choice, and vLLM's checkpoint and server flags."""
     parser.add_argument(
         "--llm-runtime",
         choices=["tensorrt-llm", "vllm"],
@@ -172,15 +197,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--llm-served-model-name",
         default="cosyvoice-llm",
         help="vllm serve --served-model-name: the model name the orchestrator asks for",
-    )
-    parser.add_argument(
-        "--exit-timeout-seconds",
-        type=_non_negative_int,
-        default=DEFAULT_EXIT_TIMEOUT_SECONDS,
-        help="tritonserver --exit-timeout-secs: how long in-flight requests may finish",
-    )
-    parser.add_argument(
-        "--dry-run", action="store_true", help="print the checks and the commands; start nothing"
     )
 
 
