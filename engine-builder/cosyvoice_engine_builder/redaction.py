@@ -8,6 +8,9 @@ line leaves the process through a :class:`Redactor`.
 
 from __future__ import annotations
 
+import base64
+import re
+import urllib.parse
 from collections.abc import Iterable, Mapping
 
 SECRET_ENV_VARS: tuple[str, ...] = (
@@ -24,12 +27,63 @@ _MIN_SECRET_LENGTH = 4
 
 MASK = "***"
 
+# Credential-shaped text whatever its value (a token the builder was not given, a tool's
+# own setting): the same shapes as the operator's log filter (operator/cosyvoice_operator/
+# shell/logs.py; the builder ships without the operator, so they are repeated here and
+# tests/unit/test_logs.py checks the two agree).
+_KEY = (
+    r"[a-z_-]*(?:token|passw(?:or)?d|secret|api[_-]?key|access[_-]?key|private[_-]?key"
+    r"|client[_-]?secret)(?:[_-][a-z_-]*)?"
+)
+SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
+    # userinfo in a URL: user:password@, token@, passwords with '@' or '/' in them
+    (re.compile(r"(?<=://)[^\s'\"<>]*@"), "***@"),
+    # Authorization: Bearer|Basic|Token|... <credentials>
+    (
+        re.compile(r"(?i)\b(authorization\\?['\"]?\s*[:=]\s*\\?['\"]?)(?:[a-z-]+\s+)?[^\s'\",}]+"),
+        r"\1***",
+    ),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 ***"),
+    # AWS presigned URLs
+    (
+        re.compile(r"(?i)\b(x-amz-(?:credential|signature|security-token))=[^\s&'\"]+"),
+        r"\1=***",
+    ),
+    # token=..., HF_TOKEN='...', 'api-key': '...', AWS_SECRET_ACCESS_KEY=..., private_key=...
+    (
+        re.compile(rf"(?i)\b({_KEY})(\\?['\"]?\s*[:=]\s*\\?['\"]?)[^\s\"',&}}\\]+"),
+        r"\1\2***",
+    ),
+)
+
+
+def redact_shapes(text: str) -> str:
+    for pattern, replacement in SHAPES:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _encodings(secret: str) -> set[str]:
+    """The secret as it appears in URLs, form bodies and base64 headers as well as plain:
+    an AWS secret key's '/' and '+' are URL-encoded in presigned URLs and query strings."""
+    forms = {
+        secret,
+        urllib.parse.quote(secret, safe=""),
+        urllib.parse.quote_plus(secret, safe=""),
+        base64.b64encode(secret.encode()).decode().rstrip("="),
+    }
+    return {f for f in forms if len(f) >= _MIN_SECRET_LENGTH}
+
 
 class Redactor:
-    """Replaces every known secret value in a text with :data:`MASK`."""
+    """Replaces every known secret value (and its URL-encoded and base64 forms) in a text
+    with :data:`MASK`, then every credential-shaped part (:data:`SHAPES`)."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        unique = {s for s in secrets if len(s) >= _MIN_SECRET_LENGTH}
+        unique: set[str] = set()
+        for secret in secrets:
+            if len(secret) >= _MIN_SECRET_LENGTH:
+                unique |= _encodings(secret)
         # Longest first, so a secret that contains another is masked whole.
         self._secrets = sorted(unique, key=len, reverse=True)
 
@@ -41,7 +95,7 @@ class Redactor:
         for secret in self._secrets:
             if secret in text:
                 text = text.replace(secret, MASK)
-        return text
+        return redact_shapes(text)
 
 
 def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:

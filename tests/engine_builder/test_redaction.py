@@ -23,6 +23,38 @@ def test_redactor_masks_every_secret_longest_first() -> None:
     assert redact(f"{AWS_SECRET} {TOKEN} /home/someone") == f"{MASK} {MASK} /home/someone"
 
 
+def test_encoded_forms_of_a_secret_are_masked_too() -> None:
+    """Issue 21 L2: an AWS key's '/' is %2F in a presigned URL or a query string."""
+    import base64
+    import urllib.parse
+
+    redact = Redactor([AWS_SECRET, TOKEN])
+    for form in (
+        urllib.parse.quote(AWS_SECRET, safe=""),
+        urllib.parse.quote_plus(AWS_SECRET, safe=""),
+        base64.b64encode(TOKEN.encode()).decode(),
+    ):
+        assert form.rstrip("=") not in redact(f"GET /bucket?k={form} 403")
+
+
+@pytest.mark.parametrize(
+    ("line", "secret"),
+    [
+        ("downloading https://user:pa/ss@host/x", "pa/ss"),
+        ("fetch https://ghp_OTHERTOKEN012345@github.com/x", "ghp_OTHERTOKEN012345"),
+        ("{'token': 'hf_notgiventothebuilder'}", "hf_notgiventothebuilder"),
+        ("X-Amz-Signature=abcdef0123456789", "abcdef0123456789"),
+        ("x-api-key: 0123456789abcdef", "0123456789abcdef"),
+        ("Authorization: Token 0123456789abcdef", "0123456789abcdef"),
+    ],
+)
+def test_credential_shapes_are_masked_whatever_their_value(line: str, secret: str) -> None:
+    """Secrets the builder was not given (a tool's own, or one inside a URL) still have
+    their shape."""
+    clean = Redactor([])(line)
+    assert secret not in clean and MASK in clean
+
+
 def test_a_tool_echoing_the_token_is_redacted_everywhere(builder: Builder) -> None:
     env = {"HF_TOKEN": TOKEN, "FAKE_FAIL": "trtllm-build", "FAKE_LEAK": TOKEN}
     result = builder.build(env_extra=env)

@@ -23,6 +23,26 @@ from cosyvoice_operator.shell import logs
         ("refused: token=ghp_abcdef0123456789 in the query", "ghp_abcdef0123456789"),
         ('settings {"password": "s3cret-value", "user": "x"}', "s3cret-value"),
         ("AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG", "wJalrXUtnFEMI/K7MDENG"),
+        # The shapes the security review found leaking (issue 21 L2):
+        ("Prometheus at http://user:p@ss@host:9090 unreachable", "ss@host"),
+        ("Prometheus at http://user:pa/ss@host:9090 unreachable", "pa/ss"),
+        ("GET https://ghp_TOKEN0123456789@github.com/x failed", "ghp_TOKEN0123456789"),
+        ("env HF_TOKEN='hf_abcdefghijklmnop' set", "hf_abcdefghijklmnop"),
+        ("{'token': 'hf_abcdefghijklmnop', 'repo': 'x'}", "hf_abcdefghijklmnop"),
+        ('{\\"password\\": \\"s3cret-value\\"}', "s3cret-value"),
+        ("header api-key: 0123456789abcdef", "0123456789abcdef"),
+        ("x-api-key=0123456789abcdef&q=1", "0123456789abcdef"),
+        ("Authorization: Token 0123456789abcdef", "0123456789abcdef"),
+        ("'Authorization': 'Basic dXNlcjpwYXNz'", "dXNlcjpwYXNz"),
+        (
+            "GET https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIAEXAMPLE%2F20261203%2Fus"
+            "&X-Amz-Signature=abcdef0123456789&X-Amz-Security-Token=FQoGZXIvYXdzEXAMPLE",
+            "AKIAEXAMPLE",
+        ),
+        ("X-Amz-Signature=abcdef0123456789", "abcdef0123456789"),
+        ("X-Amz-Security-Token=FQoGZXIvYXdzEXAMPLE", "FQoGZXIvYXdzEXAMPLE"),
+        ("private_key=-----BEGIN", "-----BEGIN"),
+        ("client_secret: abcdef012345", "abcdef012345"),
     ],
 )
 def test_credentials_are_redacted(line: str, secret: str) -> None:
@@ -36,6 +56,10 @@ def test_ordinary_lines_are_left_alone() -> None:
         "Prometheus at http://prometheus.monitoring:9090 unreachable: [Errno 111]",
         "scaling up 1 -> 2: queue latency 121.8 ms against a 20 ms target",
         "engine key tokens=32768",
+        "maxNumTokens: 8192 tokenizerDir=model/llm",
+        "credentials from Secret hf-creds (keys HF_TOKEN)",
+        "Prometheus at http://prometheus.monitoring:9090/api unreachable",
+        "spec.serving.image 'nvcr.io/nvidia/tritonserver:25.07-trtllm-python-py3' not allowed",
     ):
         assert logs.redact(line) == line
 
@@ -63,3 +87,12 @@ def test_json_format_and_redaction_on_every_handler() -> None:
         assert "RuntimeError" in lines[1].get("exc_info", "")
     finally:
         root.handlers[:], root.level = saved
+
+
+def test_the_builders_shapes_are_the_operators() -> None:
+    """The builder ships without the operator: its copy of the patterns must not drift."""
+    from cosyvoice_engine_builder import redaction
+
+    ours = [(p.pattern, p.flags, r) for p, r in logs._PATTERNS]
+    theirs = [(p.pattern, p.flags, r) for p, r in redaction.SHAPES]
+    assert ours == theirs

@@ -17,17 +17,32 @@ import kopf
 
 FORMATS = ("text", "json")
 
+# Credential-shaped text, in the forms it takes in URLs, headers, settings, env, JSON and
+# Python reprs. Kept in step with engine-builder/cosyvoice_engine_builder/redaction.py's
+# SHAPES (the builder ships without the operator; tests/unit/test_logs.py checks both).
+_KEY = (
+    r"[a-z_-]*(?:token|passw(?:or)?d|secret|api[_-]?key|access[_-]?key|private[_-]?key"
+    r"|client[_-]?secret)(?:[_-][a-z_-]*)?"
+)
 _PATTERNS = (
-    # user:password@ in a URL
-    (re.compile(r"(?<=://)[^/@\s:]+:[^/@\s]+@"), "***@"),
-    # Authorization headers and bearer tokens, quoted in an error message
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 ***"),
-    # token=..., password: ..., AWS_SECRET_ACCESS_KEY=... (query strings, settings, env)
+    # userinfo in a URL: user:password@, token@, and passwords with '@' or '/' in them (up to
+    # the last '@' of the word: a later '@' in the path costs some of the URL, never a secret)
+    (re.compile(r"(?<=://)[^\s'\"<>]*@"), "***@"),
+    # Authorization: Bearer|Basic|Token|... <credentials>, quoted in an error message
     (
-        re.compile(
-            r"(?i)\b([a-z_]*(?:token|passw(?:or)?d|secret|api_?key|access_key)(?:_[a-z_]*)?)"
-            r"(\"?\s*[:=]\s*\"?)[^\s\"',&}]+"
-        ),
+        re.compile(r"(?i)\b(authorization\\?['\"]?\s*[:=]\s*\\?['\"]?)(?:[a-z-]+\s+)?[^\s'\",}]+"),
+        r"\1***",
+    ),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 ***"),
+    # AWS presigned URLs (query parameters X-Amz-Credential, -Signature, -Security-Token)
+    (
+        re.compile(r"(?i)\b(x-amz-(?:credential|signature|security-token))=[^\s&'\"]+"),
+        r"\1=***",
+    ),
+    # token=..., password: ..., 'api-key': '...', HF_TOKEN='...', AWS_SECRET_ACCESS_KEY=...,
+    # x-api-key: ..., private_key=... (query strings, headers, settings, env, JSON, reprs)
+    (
+        re.compile(rf"(?i)\b({_KEY})(\\?['\"]?\s*[:=]\s*\\?['\"]?)[^\s\"',&}}\\]+"),
         r"\1\2***",
     ),
 )
