@@ -39,14 +39,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from cosyvoice_operator.api import engine, spec
+from cosyvoice_operator.api import engine_identity, labels, spec
 from cosyvoice_operator.devtools.localcluster import LocalCluster
 from cosyvoice_operator.devtools.localcluster.binaries import kubectl_path
-from cosyvoice_operator.render import buildjob
+from cosyvoice_operator.render import build_job
 
 REPO = Path(__file__).resolve().parents[1]
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
-KEY_LABEL = buildjob.KEY_LABEL
+KEY_LABEL = labels.KEY_LABEL
 OPERATOR_RESOURCES = {"cosyvoiceservices", "jobs", "configmaps", "persistentvolumeclaims",
                       "secrets", "events", "pods", "nodes"}  # fmt: skip
 
@@ -201,15 +201,15 @@ def engine_ready(items: list[dict[str, Any]]) -> int:
 def floor(bench: Bench, n: int) -> dict[str, Any]:
     ns = "floor"
     uid = bench.namespace_with_claim(ns)
-    cache = buildjob.Cache("cosyvoice-engines", uid)
-    settings = buildjob.BuildSettings(backoff_limit=0)
+    cache = build_job.CacheClaim("cosyvoice-engines", uid)
+    settings = build_job.BuildSettings(backoff_limit=0)
     svcs = [spec.parse(service_body(f"f{i}", f"rev-f{i}")["spec"]) for i in range(n)]
     jobs = []
     for svc in svcs:
-        target = engine.EngineTarget(
-            engine.identity(svc, "sm_90", settings.default_builder_image), (PRODUCT,)
+        target = engine_identity.EngineTarget(
+            engine_identity.identity(svc, "sm_90", settings.default_builder_image), (PRODUCT,)
         )
-        jobs.append((target, buildjob.render_job(target, svc, ns, 1, settings, cache)))
+        jobs.append((target, build_job.render_job(target, svc, ns, 1, settings, cache)))
     # The services themselves, in a namespace no operator serves: what applying them costs
     # the API server (schema and CEL validation) is part of what a user waits for too.
     started = time.monotonic()
@@ -227,7 +227,7 @@ def floor(bench: Bench, n: int) -> dict[str, Any]:
 
     wait("every floor Job complete", complete, 1800, interval=2)
     records = [
-        buildjob.render_record(t.identity, ns, j["metadata"]["name"], "", dt_now(), cache)
+        build_job.render_record(t.identity, ns, j["metadata"]["name"], "", dt_now(), cache)
         for t, j in jobs
     ]
     bench.create_many(ns, records)

@@ -41,8 +41,8 @@ from control_loop import (
     wait,
 )
 
-from cosyvoice_operator.api import engine, spec
-from cosyvoice_operator.render import buildjob, workloads
+from cosyvoice_operator.api import engine_identity, spec
+from cosyvoice_operator.render import build_job, workloads
 
 WRITES = ("POST", "PATCH", "APPLY", "DELETE")
 MINE = {"cosyvoiceservices/status", "deployments", "services", "poddisruptionbudgets",
@@ -56,8 +56,8 @@ def phases(items: list[dict[str, Any]]) -> Counter[str]:
 def floor(bench: Bench, n: int) -> dict[str, Any]:
     ns = "serving-floor"
     uid = bench.namespace_with_claim(ns)
-    cache = buildjob.Cache("cosyvoice-engines", uid)
-    settings = buildjob.BuildSettings(backoff_limit=0)
+    cache = build_job.CacheClaim("cosyvoice-engines", uid)
+    settings = build_job.BuildSettings(backoff_limit=0)
     started = time.monotonic()
     bodies = [service_body(f"f{i}", f"rev-f{i}") for i in range(n)]
     for b in bodies:
@@ -66,11 +66,11 @@ def floor(bench: Bench, n: int) -> dict[str, Any]:
     jobs = []
     for b in bodies:
         svc = spec.parse(b["spec"])
-        target = engine.EngineTarget(
-            engine.identity(svc, "sm_90", settings.default_builder_image), (PRODUCT,)
+        target = engine_identity.EngineTarget(
+            engine_identity.identity(svc, "sm_90", settings.default_builder_image), (PRODUCT,)
         )
         targets.append((b, svc, target))
-        jobs.append(buildjob.render_job(target, svc, ns, 1, settings, cache))
+        jobs.append(build_job.render_job(target, svc, ns, 1, settings, cache))
     bench.create_many(ns, jobs)
 
     def complete() -> bool:
@@ -83,7 +83,7 @@ def floor(bench: Bench, n: int) -> dict[str, Any]:
     objects: list[dict[str, Any]] = []
     for (b, svc, target), job in zip(targets, jobs, strict=True):
         objects.append(
-            buildjob.render_record(
+            build_job.render_record(
                 target.identity, ns, job["metadata"]["name"], "", dt_now(), cache
             )
         )

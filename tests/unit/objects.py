@@ -11,15 +11,15 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cosyvoice_operator.api import engine, spec
-from cosyvoice_operator.render import buildjob
+from cosyvoice_operator.api import engine_identity, labels, spec
+from cosyvoice_operator.render import build_job
 
 MINIMAL_SPEC: dict[str, Any] = {
     "model": {"variant": "cosyvoice3", "uri": "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512"},
 }
 
 # The engine cache claim of the tests, as the operator reads it (name and uid).
-CACHE = buildjob.Cache("cosyvoice-engines", "0b7e51a0-claim-uid")
+CACHE = build_job.CacheClaim("cosyvoice-engines", "0b7e51a0-claim-uid")
 T0 = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
 
 
@@ -38,7 +38,7 @@ def service(**sections: Any) -> spec.ServiceSpec:
     return spec.parse(raw_spec(**sections))
 
 
-def identity(**overrides: Any) -> engine.EngineIdentity:
+def identity(**overrides: Any) -> engine_identity.EngineIdentity:
     fields: dict[str, Any] = {
         "model_uri": "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
         "revision": "",
@@ -47,11 +47,11 @@ def identity(**overrides: Any) -> engine.EngineIdentity:
         "tensor_parallel_size": 1,
         "max_batch_size": 16,
         "max_num_tokens": 32768,
-        "builder_image": buildjob.BuildSettings().default_builder_image,
+        "builder_image": build_job.BuildSettings().default_builder_image,
         "gpu_arch": "sm_89",
     }
     fields.update(overrides)
-    return engine.EngineIdentity(**fields)
+    return engine_identity.EngineIdentity(**fields)
 
 
 def node(
@@ -90,7 +90,7 @@ def _ts(when: dt.datetime) -> str:
 
 
 def job(
-    ident: engine.EngineIdentity,
+    ident: engine_identity.EngineIdentity,
     attempt: int,
     *,
     complete_at: dt.datetime | None = None,
@@ -135,11 +135,11 @@ def job(
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": buildjob.job_name(ident, attempt, CACHE),
+            "name": build_job.job_name(ident, attempt, CACHE),
             "labels": {
-                buildjob.KEY_LABEL: ident.key,
-                buildjob.ARCH_LABEL: ident.gpu_arch,
-                buildjob.ATTEMPT_LABEL: str(attempt),
+                labels.KEY_LABEL: ident.key,
+                labels.ARCH_LABEL: ident.gpu_arch,
+                labels.ATTEMPT_LABEL: str(attempt),
             },
         },
         "status": status,
@@ -169,7 +169,7 @@ def pod(
         )
     elif node_name:
         conditions.append({"type": "PodScheduled", "status": "True"})
-    container: dict[str, Any] = {"name": buildjob.CONTAINER, "state": {}}
+    container: dict[str, Any] = {"name": build_job.CONTAINER, "state": {}}
     if phase == "Running":
         container["state"] = {"running": {"startedAt": _ts(created)}}
     if termination_message is not None:
@@ -184,5 +184,7 @@ def pod(
     return body
 
 
-def record(ident: engine.EngineIdentity, job_name: str, built_at: dt.datetime) -> dict[str, Any]:
-    return buildjob.render_record(ident, "ml", job_name, "", built_at, CACHE)
+def record(
+    ident: engine_identity.EngineIdentity, job_name: str, built_at: dt.datetime
+) -> dict[str, Any]:
+    return build_job.render_record(ident, "ml", job_name, "", built_at, CACHE)

@@ -7,12 +7,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cosyvoice_operator.api import conditions, engine
+from cosyvoice_operator.api import conditions, engine_identity, labels
 from cosyvoice_operator.api.effects import CreateObject, DeleteObject, PatchObject
-from cosyvoice_operator.plan import cleanup, lifecycle
+from cosyvoice_operator.plan import cleanup
 from cosyvoice_operator.plan.cleanup import CleanupSettings, plan_cleanup
-from cosyvoice_operator.plan.lifecycle import Policy
-from cosyvoice_operator.render import buildjob
+from cosyvoice_operator.plan.service import Policy
+from cosyvoice_operator.render.build_job import job_name
 
 from .objects import CACHE, T0, job, raw_spec, record, service
 from .world import FakeWorld
@@ -30,24 +30,24 @@ def svc_body(name: str = "svc", **spec: Any) -> dict[str, Any]:
     }
 
 
-def ident(arch: str = "sm_89", **spec: Any) -> engine.EngineIdentity:
+def ident(arch: str = "sm_89", **spec: Any) -> engine_identity.EngineIdentity:
     svc = service(**{"serving": L20, **spec})
-    return engine.identity(svc, arch, POLICY.build.default_builder_image)
+    return engine_identity.identity(svc, arch, POLICY.build.default_builder_image)
 
 
-def build_job(identity: engine.EngineIdentity, uid: str, **kw: Any) -> dict[str, Any]:
+def build_job(identity: engine_identity.EngineIdentity, uid: str, **kw: Any) -> dict[str, Any]:
     j = job(identity, 1, **kw)
     j["metadata"]["uid"] = uid
-    j["metadata"]["labels"][buildjob.CLAIM_LABEL] = CACHE.tag
+    j["metadata"]["labels"][labels.CLAIM_LABEL] = CACHE.tag
     j["metadata"]["labels"]["app.kubernetes.io/component"] = "engine-build"
     j["metadata"]["annotations"] = {
-        buildjob.IDENTITY_ANNOTATION: json.dumps(buildjob._identity_dict(identity))
+        labels.IDENTITY_ANNOTATION: json.dumps(engine_identity.identity_to_dict(identity))
     }
     return j
 
 
-def rec(identity: engine.EngineIdentity, **annotations: str) -> dict[str, Any]:
-    r = record(identity, buildjob.job_name(identity, 1, CACHE), T0)
+def rec(identity: engine_identity.EngineIdentity, **annotations: str) -> dict[str, Any]:
+    r = record(identity, job_name(identity, 1, CACHE), T0)
     r["metadata"]["uid"] = f"rec-{identity.key[:6]}"
     r["metadata"]["annotations"].update(annotations)
     return r
@@ -60,7 +60,7 @@ def plan(
     now: dt.datetime = T0,
     since: Mapping[str, dt.datetime] | None = None,
     world: FakeWorld | None = None,
-) -> cleanup.Plan:
+) -> cleanup.CleanupPlan:
     return plan_cleanup(
         "ml",
         services,
@@ -106,9 +106,9 @@ def test_an_unused_engine_is_marked_then_removed_by_a_cleanup_job_then_its_recor
     [mark] = plan([svc_body()], records=[rec(unused)]).effects
     assert isinstance(mark, PatchObject)
     assert mark.patch == {
-        "metadata": {"annotations": {lifecycle.UNREFERENCED_ANNOTATION: conditions.timestamp(T0)}}
+        "metadata": {"annotations": {labels.UNREFERENCED_ANNOTATION: conditions.timestamp(T0)}}
     }
-    marked = rec(unused, **{lifecycle.UNREFERENCED_ANNOTATION: conditions.timestamp(T0)})
+    marked = rec(unused, **{labels.UNREFERENCED_ANNOTATION: conditions.timestamp(T0)})
     # 2. kept during the retention period, with a wake-up at its end
     kept = plan([svc_body()], records=[marked], now=T0 + dt.timedelta(minutes=30))
     assert kept.effects == ()
@@ -122,12 +122,12 @@ def test_an_unused_engine_is_marked_then_removed_by_a_cleanup_job_then_its_recor
         "Job", "ml", built["metadata"]["name"], "built-uid", f"engine {unused.key} is being removed"
     )
     assert isinstance(removing, PatchObject)
-    assert lifecycle.REMOVING_ANNOTATION in removing.patch["metadata"]["annotations"]
+    assert labels.REMOVING_ANNOTATION in removing.patch["metadata"]["annotations"]
     being_removed = rec(
         unused,
         **{
-            lifecycle.UNREFERENCED_ANNOTATION: conditions.timestamp(T0),
-            lifecycle.REMOVING_ANNOTATION: conditions.timestamp(T0 + dt.timedelta(hours=2)),
+            labels.UNREFERENCED_ANNOTATION: conditions.timestamp(T0),
+            labels.REMOVING_ANNOTATION: conditions.timestamp(T0 + dt.timedelta(hours=2)),
         },
     )
     # 4. a cleanup Job for that key in that claim
@@ -152,13 +152,13 @@ def test_an_unused_engine_is_marked_then_removed_by_a_cleanup_job_then_its_recor
 def test_an_engine_a_service_uses_is_never_touched_and_its_mark_is_cleared() -> None:
     used = ident()
     assert plan([svc_body()], records=[rec(used)], now=T0 + 30 * DAY).effects == ()
-    marked = rec(used, **{lifecycle.UNREFERENCED_ANNOTATION: conditions.timestamp(T0)})
+    marked = rec(used, **{labels.UNREFERENCED_ANNOTATION: conditions.timestamp(T0)})
     [clear] = plan([svc_body()], records=[marked], now=T0 + 30 * DAY).effects
     assert clear == PatchObject(
         "ConfigMap",
         "ml",
         marked["metadata"]["name"],
-        {"metadata": {"annotations": {lifecycle.UNREFERENCED_ANNOTATION: None}}},
+        {"metadata": {"annotations": {labels.UNREFERENCED_ANNOTATION: None}}},
     )
 
 
@@ -166,8 +166,8 @@ def test_an_engine_whose_claim_is_gone_loses_its_record_without_a_cleanup_job() 
     being_removed = rec(
         ident(engine={"precision": "float16"}),
         **{
-            lifecycle.UNREFERENCED_ANNOTATION: conditions.timestamp(T0),
-            lifecycle.REMOVING_ANNOTATION: conditions.timestamp(T0),
+            labels.UNREFERENCED_ANNOTATION: conditions.timestamp(T0),
+            labels.REMOVING_ANNOTATION: conditions.timestamp(T0),
         },
     )
     world = FakeWorld(claims={CACHE.claim: "another-uid"})
@@ -189,7 +189,9 @@ def test_running_builds_of_the_new_identities_are_not_superseded() -> None:
     for spec in cases:
         body = svc_body(**spec)
         svc = service(**{"serving": L20, **spec})
-        built = engine.plan(svc, FakeWorld().gpu_nodes(), POLICY.build.default_builder_image)
+        built = engine_identity.plan(
+            svc, FakeWorld().gpu_nodes(), POLICY.build.default_builder_image
+        )
         jobs = [build_job(t.identity, f"uid-{i}") for i, t in enumerate(built.builds)]
         result = plan(
             [body], jobs=jobs, now=T0 + DAY, since={j["metadata"]["uid"]: T0 for j in jobs}
@@ -198,7 +200,7 @@ def test_running_builds_of_the_new_identities_are_not_superseded() -> None:
         assert result.superseded == {}, spec
     # A vLLM service wants its checkpoint: its record is referenced, never marked.
     svc = service(serving=L20, model={"llmRuntime": "vllm"})
-    checkpoint = engine.checkpoint_identity(svc, POLICY.build.default_builder_image)
+    checkpoint = engine_identity.checkpoint_identity(svc, POLICY.build.default_builder_image)
     assert checkpoint is not None
     result = plan([svc_body(model={"llmRuntime": "vllm"})], records=[rec(checkpoint)])
     assert result.effects == ()
@@ -206,9 +208,9 @@ def test_running_builds_of_the_new_identities_are_not_superseded() -> None:
 
 def test_an_unreferenced_checkpoint_is_removed_by_a_cleanup_job_named_for_it() -> None:
     svc = service(serving=L20, model={"llmRuntime": "vllm"})
-    checkpoint = engine.checkpoint_identity(svc, POLICY.build.default_builder_image)
+    checkpoint = engine_identity.checkpoint_identity(svc, POLICY.build.default_builder_image)
     assert checkpoint is not None
-    removing = rec(checkpoint, **{lifecycle.REMOVING_ANNOTATION: conditions.timestamp(T0)})
+    removing = rec(checkpoint, **{labels.REMOVING_ANNOTATION: conditions.timestamp(T0)})
     result = plan([], records=[removing], now=T0 + DAY)
     [made] = [e for e in result.effects if isinstance(e, CreateObject)]
     assert made.body["metadata"]["name"] == (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cosyvoice_operator.render.buildjob import BuildSettings
+from cosyvoice_operator.render.build_job import BuildSettings
 from cosyvoice_operator.shell import config
 from cosyvoice_operator.shell.config import ConfigError, OperatorConfig
 

@@ -6,8 +6,9 @@ import asyncio
 import copy
 from typing import Any, cast
 
-from cosyvoice_operator.plan import cleanup, lifecycle
-from cosyvoice_operator.render import buildjob
+from cosyvoice_operator.api.labels import CLAIM_LABEL, KEY_LABEL
+from cosyvoice_operator.plan import cleanup
+from cosyvoice_operator.plan.service import EngineRef, Policy
 from cosyvoice_operator.shell import controller
 from cosyvoice_operator.shell.controller import Controller, Settings
 from cosyvoice_operator.shell.kube import Kube
@@ -16,7 +17,7 @@ from .objects import node
 
 
 def make() -> Controller:
-    settings = Settings(lifecycle.Policy(), cleanup.CleanupSettings())
+    settings = Settings(Policy(), cleanup.CleanupSettings())
     return Controller(cast(Kube, object()), ("ml",), settings)
 
 
@@ -74,14 +75,14 @@ def test_only_spec_changes_of_a_service_wake_it() -> None:
 def test_a_job_event_wakes_the_services_that_want_its_engine() -> None:
     async def run() -> None:
         c = make()
-        ref = lifecycle.EngineRef("ml", "tag1", "k" * 40)
+        ref = EngineRef("ml", "tag1", "k" * 40)
         c._set_wants(("svc", "ml", "a"), frozenset({ref}))
         c._set_wants(("svc", "ml", "b"), frozenset())
         job: dict[str, Any] = {
             "metadata": {
                 "name": "j",
                 "namespace": "ml",
-                "labels": {buildjob.KEY_LABEL: "k" * 40, buildjob.CLAIM_LABEL: "tag1"},
+                "labels": {KEY_LABEL: "k" * 40, CLAIM_LABEL: "tag1"},
             },
             "status": {},
         }

@@ -14,12 +14,12 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from cosyvoice_operator.api import engine, spec
+from cosyvoice_operator.api import engine_identity, labels, spec
 from cosyvoice_operator.api.effects import ApplyObject, CreateObject
 from cosyvoice_operator.cli.main import main
-from cosyvoice_operator.plan import lifecycle, status
-from cosyvoice_operator.plan.lifecycle import Policy, reconcile_service
-from cosyvoice_operator.render import buildjob, triton, workloads
+from cosyvoice_operator.plan import engine_state, engine_status
+from cosyvoice_operator.plan.service import WARNING_REASONS, Policy, plan_service
+from cosyvoice_operator.render import build_job, triton, workloads
 from cosyvoice_operator.render.workloads import ArchServing, ServingSettings
 
 from .objects import CACHE, T0, job, raw_spec, record, service
@@ -321,7 +321,7 @@ def test_vllm_pod_runs_a_server_per_group_on_the_mounted_checkpoint() -> None:
     # Each vLLM server's port is named, for its /metrics (a PodMonitor scrapes them).
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert (ports["llm-0"], ports["llm-1"]) == (8010, 8011)
-    assert deployment["metadata"]["annotations"][workloads.CHECKPOINT_ANNOTATION] == ckpt
+    assert deployment["metadata"]["annotations"][labels.CHECKPOINT_ANNOTATION] == ckpt
 
 
 def test_a_tensorrt_llm_pod_is_unchanged_by_the_new_arguments() -> None:
@@ -351,13 +351,13 @@ def vllm_body() -> dict[str, Any]:
     }
 
 
-def _plan() -> engine.EnginePlan:
+def _plan() -> engine_identity.EnginePlan:
     svc = service(model={"llmRuntime": "vllm"}, serving=L20)
-    return engine.plan(svc, FakeWorld().gpu_nodes(), POLICY.build.default_builder_image)
+    return engine_identity.plan(svc, FakeWorld().gpu_nodes(), POLICY.build.default_builder_image)
 
 
 def test_a_vllm_service_prefetches_its_checkpoint_beside_the_plans_build() -> None:
-    step = reconcile_service(vllm_body(), FakeWorld(), T0, POLICY)
+    step = plan_service(vllm_body(), FakeWorld(), T0, POLICY)
     jobs = [c.body for c in step.creates if isinstance(c, CreateObject)]
     assert [j["spec"]["template"]["spec"]["containers"][0]["args"][0] for j in jobs] == [
         "build",
@@ -381,9 +381,11 @@ def test_plans_ready_but_checkpoint_not_yet_deploys_nothing() -> None:
     world = FakeWorld()
     built = job(plans, 1, complete_at=T0)
     world.job_list.append(built)
-    world.records[buildjob.record_name(plans, CACHE)] = record(plans, built["metadata"]["name"], T0)
+    world.records[build_job.record_name(plans, CACHE)] = record(
+        plans, built["metadata"]["name"], T0
+    )
     world.job_list.append(job(plan.checkpoint.identity, 1))  # still fetching
-    step = reconcile_service(vllm_body(), world, T0, POLICY)
+    step = plan_service(vllm_body(), world, T0, POLICY)
     assert not [w for w in step.workloads if isinstance(w, ApplyObject)]
     assert step.status is not None
     ready = next(c for c in step.status.changes["conditions"] if c["type"] == "EngineReady")
@@ -396,8 +398,8 @@ def test_with_both_ready_the_deployment_serves_from_the_checkpoint() -> None:
     assert plan.checkpoint is not None
     world = FakeWorld()
     for ident in (plan.targets[0].identity, plan.checkpoint.identity):
-        world.records[buildjob.record_name(ident, CACHE)] = record(ident, "j-a1", T0)
-    step = reconcile_service(vllm_body(), world, T0, POLICY)
+        world.records[build_job.record_name(ident, CACHE)] = record(ident, "j-a1", T0)
+    step = plan_service(vllm_body(), world, T0, POLICY)
     deployments = [
         w.body
         for w in step.workloads
@@ -418,10 +420,10 @@ def test_status_summary_counts_the_checkpoint() -> None:
     plan = _plan()
     assert plan.checkpoint is not None
     states = {
-        plan.targets[0].key: buildjob.EngineState("Ready", "built"),
-        plan.checkpoint.key: buildjob.EngineState("Failed", "fetch failed: 401"),
+        plan.targets[0].key: engine_state.EngineState("Ready", "built"),
+        plan.checkpoint.key: engine_state.EngineState("Failed", "fetch failed: 401"),
     }
-    new = status.engine_status(plan, states, [], None, {}, 1, 1, T0, serving_managed=True)
+    new = engine_status.engine_status(plan, states, [], None, {}, 1, 1, T0, serving_managed=True)
     assert new["engineSummary"] == "Failed 1/2"
     ready = next(c for c in new["conditions"] if c["type"] == "EngineReady")
     assert (ready["status"], ready["reason"]) == ("False", "BuildFailed")
@@ -429,7 +431,7 @@ def test_status_summary_counts_the_checkpoint() -> None:
 
 
 def test_the_kv_cache_refusal_is_a_warning_reason() -> None:
-    assert "KVCacheUnsupported" in lifecycle.WARNING_REASONS
+    assert "KVCacheUnsupported" in WARNING_REASONS
 
 
 # ---- `render` shows each option's effect -----------------------------------------------------

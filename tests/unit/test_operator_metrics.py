@@ -11,7 +11,8 @@ from typing import Any, cast
 import pytest
 from prometheus_client import REGISTRY, generate_latest
 
-from cosyvoice_operator.plan import cleanup, lifecycle
+from cosyvoice_operator.plan import cleanup
+from cosyvoice_operator.plan.service import Policy
 from cosyvoice_operator.shell import controller, metrics
 from cosyvoice_operator.shell.controller import Controller, Settings
 from cosyvoice_operator.shell.kube import Kube, KubeError
@@ -75,9 +76,7 @@ def test_a_build_job_is_counted_once_when_it_ends_live_not_when_relisted() -> No
     not_yet = [{**FAILED[0], "status": "False"}]
     assert metrics.build_finished(job(), job(not_yet)) is None
 
-    c = Controller(
-        cast(Kube, object()), ("ml",), Settings(lifecycle.Policy(), cleanup.CleanupSettings())
-    )
+    c = Controller(cast(Kube, object()), ("ml",), Settings(Policy(), cleanup.CleanupSettings()))
 
     async def events() -> None:
         c._on_job(None, controller.keep_job(job()))

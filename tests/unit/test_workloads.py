@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from cosyvoice_operator.api import engine
+from cosyvoice_operator.api import engine_identity, labels
 from cosyvoice_operator.api.effects import ApplyObject, DeleteObject, PatchObject
 from cosyvoice_operator.plan import serving
+from cosyvoice_operator.plan.engine_state import EngineState
 from cosyvoice_operator.render import workloads
-from cosyvoice_operator.render.buildjob import EngineState
 from cosyvoice_operator.render.workloads import ArchServing, ServingSettings
 
 from .objects import node, service
@@ -139,7 +139,7 @@ def test_long_service_names_still_make_valid_object_names() -> None:
 
 def plan_of(b: dict[str, Any], world: FakeWorld, states: dict[str, str]) -> serving.ServingPlan:
     svc = service(**{k: v for k, v in b["spec"].items() if k != "model"})
-    eplan = engine.plan(svc, world.gpu_nodes(), "builder:1")
+    eplan = engine_identity.plan(svc, world.gpu_nodes(), "builder:1")
     by_key = {
         t.key: EngineState(states.get(t.identity.gpu_arch, "Ready"), "m") for t in eplan.targets
     }
@@ -210,7 +210,7 @@ def test_a_new_engine_not_ready_leaves_the_old_deployment_serving_and_scales_it(
         e for e in after.effects if isinstance(e, ApplyObject) and e.body["kind"] == "Deployment"
     ]
     [deployment] = deployments
-    assert deployment.body["metadata"]["annotations"][workloads.KEY_LABEL] != old_key
+    assert deployment.body["metadata"]["annotations"][labels.SERVED_KEY_ANNOTATION] != old_key
 
 
 def test_a_batching_change_rolls_the_pods_and_a_replicas_change_does_not() -> None:

@@ -1,4 +1,4 @@
-"""An in-memory lifecycle.World for the planners' table tests."""
+"""An in-memory plan.service.World for the planners' table tests."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cosyvoice_operator.api import gpus
-from cosyvoice_operator.render import buildjob, workloads
+from cosyvoice_operator.api import gpus, labels
 
 from .objects import CACHE, node
 
@@ -37,8 +36,8 @@ class FakeWorld:
         return [
             j
             for j in self.job_list
-            if j["metadata"]["labels"].get(buildjob.KEY_LABEL) == key
-            and j["metadata"]["labels"].get(buildjob.CLAIM_LABEL, tag) == tag
+            if j["metadata"]["labels"].get(labels.KEY_LABEL) == key
+            and j["metadata"]["labels"].get(labels.CLAIM_LABEL, tag) == tag
         ]
 
     def pods(self, namespace: str, job: str) -> Sequence[Mapping[str, Any]]:
@@ -49,7 +48,7 @@ class FakeWorld:
             d
             for d in self.objects.values()
             if d.get("kind") == "Deployment"
-            and (d["metadata"].get("labels") or {}).get(workloads.SERVICE_LABEL) == service
+            and (d["metadata"].get("labels") or {}).get(labels.SERVICE_LABEL) == service
         ]
 
     def owned(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:

@@ -1,6 +1,6 @@
 """What a reconcile asks the shell to do, as plain values (pure).
 
-The planners (lifecycle, cleanup) return these; the controller carries them out. Tests
+The planners (service, cleanup) return these; the controller carries them out. Tests
 compare them as data, so "what would the operator do here" is a table, not a mock.
 """
 

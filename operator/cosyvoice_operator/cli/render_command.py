@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from cosyvoice_operator.api import engine
+from cosyvoice_operator.api import engine_identity
 from cosyvoice_operator.api.spec import SpecError, parse
-from cosyvoice_operator.render import buildjob, workloads
+from cosyvoice_operator.render import build_job, workloads
 from cosyvoice_operator.shell.config import OperatorConfig
 
 CRD_FILE = "cosyvoiceservices.tts.cosyvoice.dev.yaml"
@@ -125,14 +125,14 @@ def render_service(
             "no GPU product to render for: without a cluster the operator cannot read the "
             "nodes; pass --gpu-product PRODUCT (e.g. NVIDIA-L20) or set spec.engine.gpuProducts"
         )
-    plan = engine.plan(svc, [], cfg.build.default_builder_image)
+    plan = engine_identity.plan(svc, [], cfg.build.default_builder_image)
     if not plan.targets:
         raise RenderError("; ".join(r.message for r in plan.rejected))
-    cache = buildjob.Cache(svc.engine.cache_claim_name, CLAIM_UID_PLACEHOLDER)
+    cache = build_job.CacheClaim(svc.engine.cache_claim_name, CLAIM_UID_PLACEHOLDER)
     out: list[dict[str, Any]] = []
     # The build Jobs (per architecture), then vLLM's prefetch Job of the checkpoint.
     for target in plan.builds:
-        out.append(buildjob.render_job(target, svc, namespace, 1, cfg.build, cache))
+        out.append(build_job.render_job(target, svc, namespace, 1, cfg.build, cache))
     shares = workloads.split_replicas(
         svc.replicas, [(t.identity.gpu_arch, 0) for t in plan.targets]
     )

@@ -10,7 +10,7 @@ Two rules, each conservative on purpose:
   unreferenced; once that is older than the retention period it is marked as being removed,
   a cleanup Job removes its directory from the cache claim, and only when that Job has
   succeeded is the record deleted. A service that wants the engine again while it is being
-  removed waits for the removal and then builds it again (lifecycle.py): the removal is
+  removed waits for the removal and then builds it again (service.py): the removal is
   never raced. An engine a service references is never touched, and its mark is cleared.
 """
 
@@ -22,20 +22,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cosyvoice_operator.api import conditions, engine
+from cosyvoice_operator.api import conditions, engine_identity
 from cosyvoice_operator.api.effects import CreateObject, DeleteObject, PatchObject
-from cosyvoice_operator.api.engine import EngineIdentity
-from cosyvoice_operator.api.spec import SpecError, parse
-from cosyvoice_operator.plan.lifecycle import (
+from cosyvoice_operator.api.engine_identity import EngineIdentity
+from cosyvoice_operator.api.labels import (
+    ARCH_LABEL,
+    BUILD_COMPONENT,
+    CLAIM_ANNOTATION,
+    CLAIM_LABEL,
+    CLAIM_UID_ANNOTATION,
+    CLEANUP_COMPONENT,
+    COMPONENT_LABEL,
+    IDENTITY_ANNOTATION,
+    KEY_LABEL,
     REMOVING_ANNOTATION,
     UNREFERENCED_ANNOTATION,
-    Policy,
-    World,
 )
-from cosyvoice_operator.render import buildjob
-from cosyvoice_operator.render.buildjob import Cache
-
-CLEANUP_COMPONENT = "engine-cleanup"
+from cosyvoice_operator.api.spec import SpecError, parse
+from cosyvoice_operator.plan.service import Policy, World
+from cosyvoice_operator.render import build_job
+from cosyvoice_operator.render.build_job import CacheClaim
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ class CleanupSettings:
 
 
 @dataclass(frozen=True)
-class Plan:
+class CleanupPlan:
     effects: tuple[CreateObject | DeleteObject | PatchObject, ...] = ()
     # Jobs found superseded now (uid -> since when), for the controller to remember.
     superseded: Mapping[str, dt.datetime] = field(default_factory=dict)
@@ -59,11 +65,11 @@ def loose_key(identity: EngineIdentity) -> str:
 
 def identity_of(obj: Mapping[str, Any]) -> EngineIdentity | None:
     """The identity a build Job (annotation) or record (data) was made for."""
-    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(
-        buildjob.IDENTITY_ANNOTATION
-    ) or (obj.get("data") or {}).get("identity")
+    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(IDENTITY_ANNOTATION) or (
+        obj.get("data") or {}
+    ).get("identity")
     try:
-        return engine.identity_from_dict(json.loads(raw or ""))
+        return engine_identity.identity_from_dict(json.loads(raw or ""))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -83,16 +89,16 @@ def wanted(
         uid = world.claim_uid(namespace, svc.engine.cache_claim_name)
         if uid is None:
             continue
-        tag = Cache(svc.engine.cache_claim_name, uid).tag
-        plan = engine.plan(
+        tag = CacheClaim(svc.engine.cache_claim_name, uid).tag
+        plan = engine_identity.plan(
             svc, [] if svc.engine.gpu_products else nodes, policy.build.default_builder_image
         )
         # vLLM's checkpoint has no architecture: its exact key is its loose key too.
         for target in plan.builds:
             exact.add((tag, target.key))
-        base = engine.identity(svc, "", policy.build.default_builder_image)
+        base = engine_identity.identity(svc, "", policy.build.default_builder_image)
         loose.add((tag, base.key))
-        checkpoint = engine.checkpoint_identity(svc, policy.build.default_builder_image)
+        checkpoint = engine_identity.checkpoint_identity(svc, policy.build.default_builder_image)
         if checkpoint is not None:
             loose.add((tag, checkpoint.key))
     return exact, loose
@@ -125,9 +131,9 @@ def _build_jobs_of(
     for job in jobs:
         labels = _labels(job)
         if (
-            labels.get("app.kubernetes.io/component") == "engine-build"
-            and labels.get(buildjob.CLAIM_LABEL) == tag
-            and labels.get(buildjob.KEY_LABEL) == key
+            labels.get(COMPONENT_LABEL) == BUILD_COMPONENT
+            and labels.get(CLAIM_LABEL) == tag
+            and labels.get(KEY_LABEL) == key
         ):
             meta = job.get("metadata") or {}
             found.append(
@@ -153,7 +159,7 @@ def plan_cleanup(
     settings: CleanupSettings,
     superseded_since: Mapping[str, dt.datetime],
     served: frozenset[str] = frozenset(),
-) -> Plan:
+) -> CleanupPlan:
     """The cleanup of one namespace, given its services, its operator-made Jobs and its
     engine records (all from the caches)."""
     exact, loose = wanted(namespace, services, world, policy)
@@ -164,8 +170,8 @@ def plan_cleanup(
     cleanup_jobs: dict[tuple[str, str], Mapping[str, Any]] = {}
     for job in jobs:
         labels = _labels(job)
-        tag, key = labels.get(buildjob.CLAIM_LABEL, ""), labels.get(buildjob.KEY_LABEL, "")
-        if labels.get("app.kubernetes.io/component") == CLEANUP_COMPONENT:
+        tag, key = labels.get(CLAIM_LABEL, ""), labels.get(KEY_LABEL, "")
+        if labels.get(COMPONENT_LABEL) == CLEANUP_COMPONENT:
             cleanup_jobs[(tag, key)] = job
             continue
         if _finished(job):
@@ -196,7 +202,7 @@ def plan_cleanup(
         meta = record.get("metadata") or {}
         name, uid = str(meta.get("name")), str(meta.get("uid") or "")
         labels, notes = _labels(record), _annotations(record)
-        tag, key = labels.get(buildjob.CLAIM_LABEL, ""), labels.get(buildjob.KEY_LABEL, "")
+        tag, key = labels.get(CLAIM_LABEL, ""), labels.get(KEY_LABEL, "")
         removing = notes.get(REMOVING_ANNOTATION)
         # An engine a Deployment still serves (the old one, while a new one is built) counts.
         if ((tag, key) in exact or key in served) and not removing:
@@ -244,8 +250,8 @@ def plan_cleanup(
             )
             continue
         # Being removed: the cleanup Job, then the record.
-        claim = notes.get(buildjob.CLAIM_ANNOTATION, "")
-        claim_uid = notes.get(buildjob.CLAIM_UID_ANNOTATION, "")
+        claim = notes.get(CLAIM_ANNOTATION, "")
+        claim_uid = notes.get(CLAIM_UID_ANNOTATION, "")
         if not claim or world.claim_uid(namespace, claim) != claim_uid:
             # The claim that held the engine is gone: so are its files.
             effects.append(
@@ -258,12 +264,12 @@ def plan_cleanup(
             ident = identity_of(record)
             effects.append(
                 CreateObject(
-                    buildjob.render_cleanup_job(
+                    build_job.render_cleanup_job(
                         key,
-                        ident.gpu_arch if ident else str(labels.get(buildjob.ARCH_LABEL, "")),
+                        ident.gpu_arch if ident else str(labels.get(ARCH_LABEL, "")),
                         ident.builder_image if ident else policy.build.default_builder_image,
                         namespace,
-                        Cache(claim, claim_uid),
+                        CacheClaim(claim, claim_uid),
                         policy.build,
                     )
                 )
@@ -282,4 +288,4 @@ def plan_cleanup(
         # A failed cleanup Job keeps the record (and the mark): someone must look; the
         # Job's pods say why. It is tried again after the Job's TTL removes it.
     requeue = min(waits) + 0.5 if waits else None
-    return Plan(tuple(effects), superseded, requeue)
+    return CleanupPlan(tuple(effects), superseded, requeue)

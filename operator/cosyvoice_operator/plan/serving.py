@@ -21,11 +21,12 @@ from typing import Any, Protocol
 
 from cosyvoice_operator.api import gpus
 from cosyvoice_operator.api.effects import ApplyObject, DeleteObject, PatchObject
-from cosyvoice_operator.api.engine import EnginePlan
+from cosyvoice_operator.api.engine_identity import EnginePlan
+from cosyvoice_operator.api.labels import ARCH_LABEL, CHECKPOINT_ANNOTATION, SERVED_KEY_ANNOTATION
 from cosyvoice_operator.api.spec import ServiceSpec
 from cosyvoice_operator.autoscaling.evaluation import desired_replicas
+from cosyvoice_operator.plan.engine_state import EngineState
 from cosyvoice_operator.render import workloads
-from cosyvoice_operator.render.buildjob import EngineState
 from cosyvoice_operator.render.workloads import ArchServing, ServingSettings
 
 
@@ -50,21 +51,19 @@ class ServingPlan:
 
 
 def _arch_of(deployment: Mapping[str, Any]) -> str:
-    return str(
-        ((deployment.get("metadata") or {}).get("labels") or {}).get(workloads.ARCH_LABEL, "")
-    )
+    return str(((deployment.get("metadata") or {}).get("labels") or {}).get(ARCH_LABEL, ""))
 
 
 def served_key(deployment: Mapping[str, Any]) -> str:
     return str(
-        ((deployment.get("metadata") or {}).get("annotations") or {}).get(workloads.KEY_LABEL, "")
+        ((deployment.get("metadata") or {}).get("annotations") or {}).get(SERVED_KEY_ANNOTATION, "")
     )
 
 
 def served_checkpoint(deployment: Mapping[str, Any]) -> str:
     """The vLLM checkpoint a Deployment serves from ("" without vLLM)."""
     notes = (deployment.get("metadata") or {}).get("annotations") or {}
-    return str(notes.get(workloads.CHECKPOINT_ANNOTATION, ""))
+    return str(notes.get(CHECKPOINT_ANNOTATION, ""))
 
 
 def _count(deployment: Mapping[str, Any], field_name: str) -> int:

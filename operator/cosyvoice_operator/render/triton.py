@@ -4,143 +4,17 @@
 model code (upstream's Python models) comes from the serving image, the engine files from
 the engine directory mounted at ``engine_dir``. Nothing here reads a file or the cluster.
 
-From upstream (FunAudioLLM/CosyVoice, ``runtime/triton_trtllm`` at commit ace7c47: the
-templates ``model_repo/*/config.pbtxt`` and ``model_repo_cosyvoice3/*/config.pbtxt``, the
-parameter reads of their ``model.py``, the values ``run.sh`` / ``run_cosyvoice3.sh`` fill in):
-
-- the topology (:data:`MODEL_NAMES`), each model's backend and every input and output
-  (name, type, dims, optional, reshape, ragged batching); ``tensorrt_llm``'s interface is the
-  TensorRT-LLM backend's own, with upstream's ``TYPE_FP16`` encoder features and
-  ``TYPE_FP32`` logits;
-- which models are decoupled when streaming: the orchestrator, and CosyVoice2's
-  ``tensorrt_llm`` (upstream fills both from one ``decoupled_mode``);
-- the parameter keys upstream's model code reads (``model_dir``, ``llm_tokenizer_dir``,
-  ``dynamic_chunk_strategy``, ``llm_api_base``, the TensorRT-LLM backend's keys) and
-  ``tensorrt_llm``'s values from ``run.sh`` (``inflight_fused_batching``, beam width 1,
-  attention window 2560, ``kv_cache_free_gpu_mem_fraction`` 0.5, input excluded from the
-  output, no KV-cache reuse, the executor worker's path in the image);
-- the orchestrator instances of one GPU: upstream's ``bls_instance_num`` (4 for CosyVoice2,
-  10 for CosyVoice3), which it runs on one GPU;
-- priority levels only on CosyVoice3's ``token2wav``, the one model whose caller sends a
-  priority per chunk (``chunk_index + 1``: first chunks first). Upstream sends it as a BLS
-  request parameter named ``priority``; python_backend's ``request_executor.cc`` hands BLS
-  parameters to Triton as plain request parameters, not as the scheduling priority, so
-  whether it reorders anything must be checked on the serving image.
-
-Ours:
-
-- **Every GPU of the pod is used.** Upstream pins everything to GPU 0 (``gpus: [0]``,
-  ``CUDA_VISIBLE_DEVICES=0``) and declares most GPU models ``KIND_CPU``. Here every model that
-  runs on a GPU (token2wav, vocoder, audio_tokenizer, speaker_embedding) gets
-  ``instance_group [{ count: instancesPerGpu, kind: KIND_GPU, gpus: [0 .. gpusPerReplica-1] }]``:
-  Triton starts ``count`` instances on each listed GPU.
-- **The LLM runs once per tensor-parallel group** (:func:`llm_groups`). CosyVoice2's
-  ``tensorrt_llm`` keeps ``KIND_CPU`` with one instance per group and ``gpu_device_ids`` with
-  one entry per group (``"0,1;2,3"``): the TensorRT-LLM backend ignores ``instance_group``
-  for GPU placement and places instance *i* on the *i*-th entry; the numbers of instances
-  and of entries must be equal, and Triton core balances requests over them in the
-  backend's orchestrator mode (``TRTLLM_ORCHESTRATOR=1``, :func:`server_environment`; the
-  backend's ``docs/llama_multi_instance.md``). CosyVoice3 has no ``tensorrt_llm`` model:
-  one ``trtllm-serve`` per group runs beside Triton on ports :data:`LLM_BASE_PORT` + i
-  (8010, 8011, ...; upstream's default 8000 is Triton's HTTP port), and the orchestrator
-  gets every URL (``llm_api_bases``, comma-separated) besides upstream's single
-  ``llm_api_base`` (the first). Upstream's pinned ``model.py`` reads only ``llm_api_base``:
-  spreading over the groups needs the serving image's orchestrator to read
-  ``llm_api_bases``.
-- **The orchestrator** (Python BLS, no GPU of its own) stays ``KIND_CPU``
-  (:func:`orchestrator_instances`). A CosyVoice2 stream holds one instance for its whole
-  synthesis (upstream's ``execute`` is synchronous), so the count is the pod's stream
-  concurrency. Upstream runs 4 per GPU, which leaves an LLM engine built for 16 sequences
-  three-quarters idle: on the lent H200, with stand-ins of CosyVoice2's shape, a pod with 4
-  orchestrator instances saturated at 2.8 requests/s, one with 16 at 7.7 and one with 32
-  (and an engine of 32 sequences) at 11.2 (``bench/results/gpu-sweep.json``). So CosyVoice2
-  gets one instance per LLM sequence slot, ``engine.maxBatchSize`` per tensor-parallel
-  group, and never fewer than upstream's 4 per GPU; CosyVoice3 keeps upstream's 10 per GPU
-  (not measured). The count does not grow with ``instancesPerGpu``; every instance is a
-  Python process of its own (host memory: size ``serving.resources`` for it). Its
-  ``max_batch_size`` is 1 (upstream: 16 for CosyVoice2, 1 for CosyVoice3): upstream's
-  CosyVoice2 ``execute`` runs the requests of a batch one after another, so a request
-  batched behind another would wait inside ``execute``, unseen by
-  ``nv_inference_queue_duration_us``, the signal the autoscaler reads.
-- **Batching** comes from the spec: every batching model gets ``max_queue_delay_microseconds``
-  and the preferred sizes capped to its own ``max_batch_size`` (engine.maxBatchSize for
-  ``tensorrt_llm`` and the GPU models, as the CRD documents; 1 for the orchestrator).
-  ``priority_levels`` (and the default level, the lowest) only where upstream's caller sends
-  priorities; 0 turns them off. ``tensorrt_llm``'s KV cache holds a full attention window for
-  every batch slot (``max_tokens_in_paged_kv_cache`` = maxBatchSize x 2560; upstream's 2560
-  fits about two streams into an engine built for 16), still capped by the free-memory
-  fraction.
-- **Paths** point inside ``engine_dir``, the builder's layout
-  (``engine-builder/cosyvoice_engine_builder/layout.py``): ``llm/`` the TensorRT-LLM engine,
-  ``model/`` the model directory (its ``llm/`` the tokenizer), ``plans/`` the prebuilt
-  TensorRT plans, ``manifest.json``. Plan file names carry the GPU architecture and the
-  TensorRT version, which only the manifest knows (``layout.flowEstimatorPlan``,
-  ``layout.speakerEmbeddingPlan``): the models that load plans get ``engine_manifest`` and
-  ``plans_dir``. Upstream's pinned code instead looks for its own plan names in
-  ``model_dir`` and builds them when absent, which a read-only engine mount refuses. So
-  ``model_dir`` is :data:`MODEL_VIEW`, a writable directory the serving entrypoint
-  (``cosyvoice-engine-builder serve``) fills at start: links to the engine's ``model/`` files
-  and, under the names upstream's code asks for, to the plans the build Job prebuilt (it reads
-  their names from the manifest).
-
-The article's levers (issue 14):
-
-- **vLLM** (``spec.model.llmRuntime: vllm``): the LLM runs beside Triton for both variants
-  (:func:`llm_beside_triton`), one ``vllm serve`` per tensor-parallel group on the same ports
-  as CosyVoice3's trtllm-serve; CosyVoice2 then has no ``tensorrt_llm`` model
-  (:func:`model_names`) and its orchestrator gets ``llm_api_base(s)`` like CosyVoice3's, plus
-  ``llm_runtime`` and ``llm_served_model_name`` (vLLM refuses any other model name). The
-  tokenizer is the fetched checkpoint's (``checkpoint_dir``); the plans stay per architecture.
-  Upstream's pinned CosyVoice2 orchestrator has no OpenAI-client path: the serving image's
-  must have one (upstream's Step-Audio2 DiT orchestrator does).
-- **Queue policy** (``spec.serving.queuePolicy``): only on the orchestrator, the queue clients
-  wait in (``default_queue_policy``; per-priority ``priority_queue_policy`` entries give it
-  ``priority_levels`` too). The inner models get none: a rejected chunk would break a stream
-  already playing.
-- **Stream chunking** (``spec.serving.streamChunking``): ``dynamic_chunk_strategy`` from
-  ``hopGrowth``, and ``token_hop_len`` only when it is not upstream's 15, so that a service
-  that never set it keeps its repository (and its pods) as they were. Upstream's pinned
-  orchestrator hard-codes 15: reading ``token_hop_len`` is the serving image's job.
-
-Device memory between GPUs. A tensor that one model leaves on GPU *a* and another model on
-GPU *b* reads as device memory fails (TensorRT-LLM discussion #15476). What this
-repository does about it:
-
-- every Python-backend model gets ``FORCE_CPU_ONLY_INPUT_TENSORS: "yes"`` written out (the
-  backend's default, pinned so that it cannot be flipped unnoticed; upstream sets ``"no"``
-  only on ``tensorrt_llm``: a Python-backend key, which the C++ TensorRT-LLM backend does
-  not read, so it is left out there):
-  Triton hands every input of those models over in host memory, whatever memory the
-  producer used. That covers every hop into token2wav, vocoder, audio_tokenizer,
-  speaker_embedding and the orchestrator;
-- the orchestrator, the only model that calls others, has no GPU (``KIND_CPU``), and its
-  inputs to ``tensorrt_llm`` are NumPy arrays in upstream's code (host memory).
-
-What it cannot do: the memory of a BLS *response* is chosen by the caller
-(``pb_utils.InferenceRequest(..., preferred_memory=PreferredMemory(TRITONSERVER_MEMORY_CPU))``;
-by default it is the producer's). Upstream's orchestrators do not ask for host memory and
-move tensors to ``cuda`` (device 0) themselves; upstream's CosyVoice3 token2wav copies its
-mel to the host before answering ("otherwise, dlpack bug"), the other models answer from
-the GPU. The real protection therefore lives in the Python model code the serving image
-takes at a pinned commit; the CPU twin's stand-ins (``tests/triton_twin``) show the pattern
-(host-memory responses, NumPy everywhere). Likewise, upstream's models use ``cuda`` (device
-0 of the process) and ignore the ``model_instance_device_id`` Triton passes to each
-``KIND_GPU`` instance: unpatched, every instance would run on GPU 0.
-
-State in instances. Upstream's CosyVoice2 ``token2wav`` keeps each stream's vocoder cache in
-the instance that served its previous chunk (keyed by request id). With more than one
-instance (``gpusPerReplica`` or ``instancesPerGpu`` above 1) Triton may send the next chunk
-to another instance, which upstream's code does not survive (a missing cache entry at
-``finalize``). Keeping a stream on one instance needs sequence batching with a correlation
-id that the orchestrator sends, i.e. a change of the model code too; the CPU twin's
-stand-in refuses such a chunk, so the hazard is visible there. CosyVoice3's token2wav and
-vocoder are stateless.
+docs/triton-repository.md says which facts come from upstream (FunAudioLLM/CosyVoice,
+``runtime/triton_trtllm`` at commit ace7c47) and which are ours, and why: every GPU of the
+pod used, the LLM once per tensor-parallel group, the orchestrator's instance count,
+batching from the spec, the paths inside the engine directory and :data:`MODEL_VIEW`, vLLM,
+queue policy and stream chunking, device memory between GPUs, and state in instances.
+The text format itself is ``render/pbtxt.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeAlias
 
 from cosyvoice_operator.api.spec import (
     UPSTREAM_FIRST_CHUNK_TOKENS,
@@ -149,6 +23,7 @@ from cosyvoice_operator.api.spec import (
     QueuePolicySpec,
     ServiceSpec,
 )
+from cosyvoice_operator.render.pbtxt import EnumValue, Value, message_text
 
 MODEL_NAMES: dict[str, tuple[str, ...]] = {
     "cosyvoice2": (
@@ -161,7 +36,7 @@ MODEL_NAMES: dict[str, tuple[str, ...]] = {
     "cosyvoice3": ("cosyvoice3", "token2wav", "vocoder", "audio_tokenizer", "speaker_embedding"),
 }
 LLM_BASE_PORT = 8010
-# The model directory the serving entrypoint assembles in the pod (see the module docstring).
+# The model directory the serving entrypoint assembles in the pod (docs/triton-repository.md).
 MODEL_VIEW = "/tmp/model_view"
 LLM_CHAT_PATH = "/v1/chat/completions"
 # The model name the vLLM servers answer to, and the orchestrator asks for (vLLM refuses a
@@ -256,7 +131,7 @@ def llm_urls(svc: ServiceSpec) -> list[str]:
 
 def orchestrator_instances(svc: ServiceSpec) -> int:
     """Instances of the orchestrator in one pod: upstream's per-GPU count times the GPUs, and
-    for CosyVoice2 at least one per LLM sequence slot (see the module docstring)."""
+    for CosyVoice2 at least one per LLM sequence slot (docs/triton-repository.md says why)."""
     _check_variant(svc.model.variant)
     upstream = ORCHESTRATOR_INSTANCES_PER_GPU[svc.model.variant] * svc.serving.gpus_per_replica
     if svc.model.variant != "cosyvoice2":
@@ -274,90 +149,6 @@ def server_environment(svc: ServiceSpec) -> dict[str, str]:
     return {"TRTLLM_ORCHESTRATOR": "1"} if not llm_beside_triton(svc) else {}
 
 
-# ---- protobuf text format ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Enum:
-    name: str
-
-
-Value: TypeAlias = "str | int | bool | _Enum | list[Value] | dict[str, Value]"
-
-
-def _quote(text: str) -> str:
-    if any(not ch.isprintable() for ch in text):
-        raise ValueError(f"unprintable character in {text!r}")
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _scalar(value: Value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, _Enum):
-        return value.name
-    if isinstance(value, str):
-        return _quote(value)
-    raise TypeError(f"not a scalar: {value!r}")
-
-
-def _inline(message: dict[str, Value]) -> str:
-    parts: list[str] = []
-    for key, value in message.items():
-        if isinstance(value, dict):
-            parts.append(f"{key} {_inline(value)}")
-        elif isinstance(value, list) and any(isinstance(v, dict) for v in value):
-            raise TypeError(f"{key}: a list of messages is not written inline")
-        elif isinstance(value, list):
-            parts.append(f"{key}: {_scalar_list(value)}")
-        else:
-            parts.append(f"{key}: {_scalar(value)}")
-    return "{ " + ", ".join(parts) + " }"
-
-
-def _scalar_list(values: list[Value]) -> str:
-    return "[ " + "".join(f"{_scalar(v)}, " for v in values)[:-2] + " ]" if values else "[ ]"
-
-
-_WIDTH = 110
-
-
-def _lines(message: dict[str, Value], indent: str) -> list[str]:
-    out: list[str] = []
-    for key, value in message.items():
-        if isinstance(value, dict):
-            out += [f"{indent}{key} {{", *_lines(value, indent + "  "), f"{indent}}}"]
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            # Each entry on one line when it fits (tensors, parameters), else as a block.
-            out.append(f"{indent}{key} [")
-            for i, item in enumerate(value):
-                assert isinstance(item, dict)
-                comma = "," if i < len(value) - 1 else ""
-                one_line = f"{indent}  {_inline(item)}{comma}"
-                if len(one_line) <= _WIDTH and not _nested_lists(item):
-                    out.append(one_line)
-                else:
-                    out += [f"{indent}  {{", *_lines(item, indent + "    "), f"{indent}  }}{comma}"]
-            out.append(f"{indent}]")
-        elif isinstance(value, list):
-            out.append(f"{indent}{key}: {_scalar_list(value)}")
-        else:
-            out.append(f"{indent}{key}: {_scalar(value)}")
-    return out
-
-
-def _nested_lists(message: dict[str, Value]) -> bool:
-    return any(
-        isinstance(v, list) and any(isinstance(x, dict) for x in v) for v in message.values()
-    )
-
-
-def _text(message: dict[str, Value]) -> str:
-    return "\n".join(_lines(message, "")) + "\n"
-
-
 # ---- the pieces of a model config ----------------------------------------------------------
 
 
@@ -372,7 +163,7 @@ def _tensor(
 ) -> dict[str, Value]:
     tensor: dict[str, Value] = {
         "name": name,
-        "data_type": _Enum(f"TYPE_{dtype}"),
+        "data_type": EnumValue(f"TYPE_{dtype}"),
         "dims": list[Value](dims),
     }
     if scalar:  # a [1] per request, handed to the model as a scalar
@@ -423,7 +214,7 @@ def _batching(
 def _queue_policy(policy: QueuePolicy) -> dict[str, Value]:
     """Triton's ModelQueuePolicy. 0 keeps Triton's meaning: no bound, no timeout."""
     return {
-        "timeout_action": _Enum(policy.timeout_action.upper()),
+        "timeout_action": EnumValue(policy.timeout_action.upper()),
         "default_timeout_microseconds": policy.default_timeout_microseconds,
         "allow_timeout_override": policy.allow_timeout_override,
         "max_queue_size": policy.max_queue_size,
@@ -434,21 +225,22 @@ def _gpu_instances(svc: ServiceSpec) -> list[Value]:
     return [
         {
             "count": svc.serving.instances_per_gpu,
-            "kind": _Enum("KIND_GPU"),
+            "kind": EnumValue("KIND_GPU"),
             "gpus": list[Value](range(svc.serving.gpus_per_replica)),
         }
     ]
 
 
 def _cpu_instances(count: int) -> list[Value]:
-    return [{"count": count, "kind": _Enum("KIND_CPU")}]
+    return [{"count": count, "kind": EnumValue("KIND_CPU")}]
 
 
 def _decoupled(svc: ServiceSpec) -> dict[str, Value]:
     return {"decoupled": svc.serving.streaming}
 
 
-# Python models: inputs always in host memory (see the module docstring).
+# Python models: inputs always in host memory (docs/triton-repository.md: "Device memory
+# between GPUs").
 _HOST_INPUTS = {"FORCE_CPU_ONLY_INPUT_TENSORS": "yes"}
 
 
@@ -745,4 +537,4 @@ def render_repository(
     models["audio_tokenizer"] = _audio_tokenizer(svc, paths)
     models["speaker_embedding"] = _speaker_embedding(svc, paths)
     assert tuple(models) == model_names(svc)
-    return {name: _text(config) for name, config in models.items()}
+    return {name: message_text(config) for name, config in models.items()}

@@ -21,17 +21,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosyvoice_operator.api.gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE, GPU_TOLERATION
+from cosyvoice_operator.api.labels import (
+    ARCH_LABEL,
+    CHECKPOINT_ANNOTATION,
+    COMPONENT_LABEL,
+    GROUP,
+    HASH_ANNOTATION,
+    INSTANCE_LABEL,
+    KEY_LABEL,
+    MANAGED_BY_LABEL,
+    MANAGER,
+    NAME_LABEL,
+    REPO_HASH_ANNOTATION,
+    SERVED_KEY_ANNOTATION,
+    SERVICE_LABEL,
+    SERVING_COMPONENT,
+    SERVING_NAME,
+)
 from cosyvoice_operator.api.spec import ServiceSpec
 from cosyvoice_operator.render import triton
-from cosyvoice_operator.render.buildjob import GROUP
 
-SERVICE_LABEL = f"{GROUP}/service"
-ARCH_LABEL = f"{GROUP}/gpu-arch"
-KEY_LABEL = f"{GROUP}/engine-key"
-HASH_ANNOTATION = f"{GROUP}/applied-hash"
-REPO_HASH_ANNOTATION = f"{GROUP}/repository-hash"
-CHECKPOINT_ANNOTATION = f"{GROUP}/checkpoint-key"
-MANAGER = "cosyvoice-operator"
 ENGINES_MOUNT = "/engines"
 REPO_MOUNT = "/etc/cosyvoice/repository"
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
@@ -108,10 +117,10 @@ def selector(service: str) -> str:
 
 def common_labels(service: str) -> dict[str, str]:
     return {
-        "app.kubernetes.io/name": "cosyvoice-triton",
-        "app.kubernetes.io/instance": service,
-        "app.kubernetes.io/component": "serving",
-        "app.kubernetes.io/managed-by": MANAGER,
+        NAME_LABEL: SERVING_NAME,
+        INSTANCE_LABEL: service,
+        COMPONENT_LABEL: SERVING_COMPONENT,
+        MANAGED_BY_LABEL: MANAGER,
         SERVICE_LABEL: service,
     }
 
@@ -130,7 +139,7 @@ def split_replicas(total: int, archs: Sequence[tuple[str, int]]) -> dict[str, in
 def owner(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     return {
-        "apiVersion": body.get("apiVersion", "tts.cosyvoice.dev/v1alpha1"),
+        "apiVersion": body.get("apiVersion", f"{GROUP}/v1alpha1"),
         "kind": body.get("kind", "CosyVoiceService"),
         "name": meta.get("name"),
         "uid": meta.get("uid"),
@@ -413,7 +422,7 @@ def render_deployment(
                 "namespace": namespace,
                 "labels": labels,
                 "annotations": {
-                    KEY_LABEL: target.key,
+                    SERVED_KEY_ANNOTATION: target.key,
                     **(
                         {CHECKPOINT_ANNOTATION: target.checkpoint_key}
                         if target.checkpoint_key

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from cosyvoice_operator.render.buildjob import BuildSettings
+from cosyvoice_operator.render.build_job import BuildSettings
 from cosyvoice_operator.render.workloads import ServingSettings
 
 

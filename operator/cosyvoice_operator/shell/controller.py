@@ -3,7 +3,7 @@ what the pure planners decide.
 
 Observe: one informer per kind (services, operator-made Jobs, engine records, build pods,
 claims, GPU nodes; peering objects when several replicas run), each listed once and then
-followed by its watch. Plan: :func:`lifecycle.reconcile_service` for a service,
+followed by its watch. Plan: :func:`service.plan_service` for a service,
 :func:`cleanup.plan_cleanup` for a namespace's engines. Apply: only what the plan returns;
 a pass that finds nothing to change makes no request at all.
 
@@ -37,11 +37,13 @@ from cosyvoice_operator.api.effects import (
     PatchObject,
     PostEvent,
 )
+from cosyvoice_operator.api.labels import CLAIM_LABEL, KEY_LABEL, MANAGED, SERVICE_LABEL
 from cosyvoice_operator.api.spec import SpecError, parse
 from cosyvoice_operator.autoscaling import evaluation
 from cosyvoice_operator.autoscaling.policy import Recommendation
-from cosyvoice_operator.plan import cleanup, lifecycle, peering
-from cosyvoice_operator.render import buildjob, triton, workloads
+from cosyvoice_operator.plan import cleanup, peering
+from cosyvoice_operator.plan.service import EngineRef, Policy, plan_service
+from cosyvoice_operator.render import triton, workloads
 from cosyvoice_operator.shell import metrics
 from cosyvoice_operator.shell.informer import Cache, Informer, Obj
 from cosyvoice_operator.shell.kube import (
@@ -66,7 +68,6 @@ from cosyvoice_operator.shell.prometheus_source import PrometheusSource
 
 log = logging.getLogger(__name__)
 
-MANAGED = "app.kubernetes.io/managed-by=cosyvoice-operator"
 ENGINE_OBJECTS = f"{MANAGED},app.kubernetes.io/name=cosyvoice-engine"
 # How long a namespace's cleanup waits after an event, so a burst runs it once.
 CLEANUP_DEBOUNCE_SECONDS = 5.0
@@ -186,7 +187,7 @@ def keep_peering(obj: Obj) -> Obj:
 
 
 class CacheWorld:
-    """lifecycle.World over the informers' stores, with the indexes the planners need."""
+    """service.World over the informers' stores, with the indexes the planners need."""
 
     def __init__(
         self,
@@ -217,8 +218,8 @@ class CacheWorld:
             labels = obj["metadata"].get("labels") or {}
             ref = (
                 str(obj["metadata"].get("namespace")),
-                str(labels.get(buildjob.KEY_LABEL, "")),
-                str(labels.get(buildjob.CLAIM_LABEL, "")),
+                str(labels.get(KEY_LABEL, "")),
+                str(labels.get(CLAIM_LABEL, "")),
             )
             names = self._jobs_by_engine[ref]
             (names.add if add else names.discard)(str(obj["metadata"]["name"]))
@@ -230,7 +231,7 @@ class CacheWorld:
         for obj, add in ((old, False), (new, True)):
             if obj is None:
                 continue
-            service = (obj["metadata"].get("labels") or {}).get(workloads.SERVICE_LABEL)
+            service = (obj["metadata"].get("labels") or {}).get(SERVICE_LABEL)
             if not service:
                 continue
             ref = (str(obj["metadata"].get("namespace")), str(service))
@@ -256,7 +257,7 @@ class CacheWorld:
     def nodes_changed(self) -> None:
         self._gpu_nodes = None
 
-    # lifecycle.World
+    # service.World
     def gpu_nodes(self) -> Sequence[gpus.GPUNode]:
         if self._gpu_nodes is None:
             found = (gpus.GPUNode.from_node(n) for n in self.nodes)
@@ -305,7 +306,7 @@ class CacheWorld:
 
 @dataclass(frozen=True)
 class Settings:
-    policy: lifecycle.Policy
+    policy: Policy
     cleanup: cleanup.CleanupSettings
     workers: int = 4
     peering: tuple[str, int] | None = None  # (peering name, own priority)
@@ -389,8 +390,8 @@ class Controller:
         self.recommendations: dict[tuple[str, str], tuple[Recommendation, ...]] = {}
         self.sources: dict[str, PrometheusSource] = {}
         self.by_namespace: dict[str, set[str]] = collections.defaultdict(set)
-        self.interest: dict[lifecycle.EngineRef, set[ServiceKey]] = collections.defaultdict(set)
-        self.wants: dict[ServiceKey, frozenset[lifecycle.EngineRef]] = {}
+        self.interest: dict[EngineRef, set[ServiceKey]] = collections.defaultdict(set)
+        self.wants: dict[ServiceKey, frozenset[EngineRef]] = {}
         self.superseded_since: dict[str, dict[str, dt.datetime]] = {}
         self.active = asyncio.Event()
         self.standby_reason: str | None = None
@@ -433,10 +434,10 @@ class Controller:
     def _wake_engine(self, obj: Obj) -> None:
         meta = obj["metadata"]
         labels = meta.get("labels") or {}
-        ref = lifecycle.EngineRef(
+        ref = EngineRef(
             str(meta.get("namespace")),
-            str(labels.get(buildjob.CLAIM_LABEL, "")),
-            str(labels.get(buildjob.KEY_LABEL, "")),
+            str(labels.get(CLAIM_LABEL, "")),
+            str(labels.get(KEY_LABEL, "")),
         )
         for key in self.interest.get(ref, ()):
             self.queue.add(key)
@@ -453,7 +454,7 @@ class Controller:
             self._gc(str(obj["metadata"].get("namespace")))
 
     def _wake_owner(self, obj: Obj) -> None:
-        service = (obj["metadata"].get("labels") or {}).get(workloads.SERVICE_LABEL)
+        service = (obj["metadata"].get("labels") or {}).get(SERVICE_LABEL)
         if service:
             self.queue.add(("svc", str(obj["metadata"].get("namespace")), str(service)))
 
@@ -465,7 +466,7 @@ class Controller:
         if labels.get("app.kubernetes.io/component") == "serving":
             if old is None or new is None or _scheduled(old) != _scheduled(new):
                 self._wake_owner(obj)
-        elif buildjob.KEY_LABEL in labels:
+        elif KEY_LABEL in labels:
             self._wake_engine(obj)
 
     def _on_config_map(self, old: Obj | None, new: Obj | None) -> None:
@@ -574,7 +575,7 @@ class Controller:
         for ns in namespaces:
             self._gc(ns)
 
-    def _set_wants(self, key: ServiceKey, wants: frozenset[lifecycle.EngineRef]) -> None:
+    def _set_wants(self, key: ServiceKey, wants: frozenset[EngineRef]) -> None:
         before = self.wants.get(key, frozenset())
         if before == wants:
             return
@@ -695,7 +696,7 @@ class Controller:
             metrics.forget_service(namespace, name)
             return None
         policy = self.settings.policy
-        step = lifecycle.reconcile_service(body, self.world, self.clock(), policy)
+        step = plan_service(body, self.world, self.clock(), policy)
         refused: dict[str, str] = {}
         for create in step.creates:
             try:
@@ -717,7 +718,7 @@ class Controller:
                     raise
                 refused[effect.name] = exc.api_message
         if refused:
-            step = lifecycle.reconcile_service(body, self.world, self.clock(), policy, refused)
+            step = plan_service(body, self.world, self.clock(), policy, refused)
         self._set_wants(key, step.wants)
         if step.served_keys:
             self.served[key] = step.served_keys

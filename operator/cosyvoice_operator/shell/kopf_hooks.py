@@ -15,7 +15,8 @@ from typing import Any
 
 import kopf
 
-from cosyvoice_operator.plan import cleanup, lifecycle
+from cosyvoice_operator.plan import cleanup
+from cosyvoice_operator.plan.service import Policy
 from cosyvoice_operator.shell import config
 from cosyvoice_operator.shell.controller import Controller, Settings
 from cosyvoice_operator.shell.kube import ConnectError, Kube
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 def settings_from(cfg: config.OperatorConfig, peering: tuple[str, int] | None) -> Settings:
     return Settings(
-        policy=lifecycle.Policy(
+        policy=Policy(
             build=cfg.build,
             serving=cfg.serving,
             allowed_image_prefixes=cfg.allowed_image_prefixes,

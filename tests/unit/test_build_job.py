@@ -1,4 +1,4 @@
-"""buildjob.render_job / render_record: the objects the operator writes for one engine build.
+"""build_job.render_job / render_record: the objects the operator writes for one engine build.
 
 The golden file shows, as a readable diff in review, any change of what the operator would
 write. Regenerate it with ``UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit``.
@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
-from cosyvoice_operator.api import engine, gpus, spec
-from cosyvoice_operator.api.engine import EngineTarget
-from cosyvoice_operator.render import buildjob
-from cosyvoice_operator.render.buildjob import BuildSettings, render_job, render_record
+from cosyvoice_operator.api import engine_identity, gpus, labels, spec
+from cosyvoice_operator.api.engine_identity import EngineTarget
+from cosyvoice_operator.render import build_job
+from cosyvoice_operator.render.build_job import BuildSettings, render_job, render_record
 
 from .objects import CACHE, identity, node, service
 
@@ -53,7 +53,7 @@ def _golden_case() -> tuple[EngineTarget, spec.ServiceSpec]:
         },
         engine={"cacheClaimName": "cosyvoice-engines"},
     )
-    ident = engine.identity(svc, "sm_89", BuildSettings().default_builder_image)
+    ident = engine_identity.identity(svc, "sm_89", BuildSettings().default_builder_image)
     return EngineTarget(ident, ("NVIDIA-L40S", "NVIDIA-L20")), svc
 
 
@@ -72,8 +72,8 @@ def _render(
 ) -> dict[str, Any]:
     svc = svc or service()
     settings = settings or BuildSettings()
-    ident = engine.identity(svc, arch, settings.default_builder_image)
-    cache = buildjob.Cache(svc.engine.cache_claim_name, CACHE.uid)
+    ident = engine_identity.identity(svc, arch, settings.default_builder_image)
+    cache = build_job.CacheClaim(svc.engine.cache_claim_name, CACHE.uid)
     return render_job(EngineTarget(ident, products), svc, "ml", attempt, settings, cache)
 
 
@@ -95,12 +95,12 @@ def _pod_spec(job: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(("arch", "attempt"), [("sm_89", 1), ("sm_90", 3), ("sm_100", 12)])
 def test_job_name_is_derived_from_key_and_attempt(arch: str, attempt: int) -> None:
     svc = service()
-    ident = engine.identity(svc, arch, BuildSettings().default_builder_image)
+    ident = engine_identity.identity(svc, arch, BuildSettings().default_builder_image)
     job = _render(svc, arch=arch, attempt=attempt)
     name = job["metadata"]["name"]
     assert name == f"cvs-engine-{arch.replace('_', '')}-{ident.key[:20]}-{CACHE.tag}-a{attempt}"
-    assert name == buildjob.job_name(ident, attempt, CACHE)
-    assert name.startswith(buildjob.base_name(ident, CACHE))
+    assert name == build_job.job_name(ident, attempt, CACHE)
+    assert name.startswith(build_job.base_name(ident, CACHE))
     assert len(name) <= 63 and DNS_LABEL.match(name)  # a Job name must be a DNS-1123 label
     assert job["metadata"]["namespace"] == "ml"
     assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
@@ -109,21 +109,19 @@ def test_job_name_is_derived_from_key_and_attempt(arch: str, attempt: int) -> No
 def test_attempts_have_distinct_names_and_same_key() -> None:
     a1, a2 = _render(attempt=1), _render(attempt=2)
     assert a1["metadata"]["name"] != a2["metadata"]["name"]
-    assert (
-        a1["metadata"]["labels"][buildjob.KEY_LABEL] == a2["metadata"]["labels"][buildjob.KEY_LABEL]
-    )
+    assert a1["metadata"]["labels"][labels.KEY_LABEL] == a2["metadata"]["labels"][labels.KEY_LABEL]
 
 
 def test_job_and_pod_labels_carry_key_arch_and_attempt() -> None:
     svc = service()
-    ident = engine.identity(svc, "sm_90", BuildSettings().default_builder_image)
+    ident = engine_identity.identity(svc, "sm_90", BuildSettings().default_builder_image)
     job = _render(svc, arch="sm_90", attempt=2)
-    for labels in (job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"]):
-        assert labels["tts.cosyvoice.dev/engine-key"] == ident.key
-        assert labels["tts.cosyvoice.dev/gpu-arch"] == "sm_90"
-        assert labels["tts.cosyvoice.dev/attempt"] == "2"
-        assert labels["app.kubernetes.io/managed-by"] == "cosyvoice-operator"
-        assert all(len(v) <= 63 for v in labels.values())
+    for job_labels in (job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"]):
+        assert job_labels["tts.cosyvoice.dev/engine-key"] == ident.key
+        assert job_labels["tts.cosyvoice.dev/gpu-arch"] == "sm_90"
+        assert job_labels["tts.cosyvoice.dev/attempt"] == "2"
+        assert job_labels["app.kubernetes.io/managed-by"] == "cosyvoice-operator"
+        assert all(len(v) <= 63 for v in job_labels.values())
 
 
 def test_identity_annotation_describes_the_engine() -> None:
@@ -314,9 +312,9 @@ def test_every_secret_value_passed_is_one_the_builder_masks() -> None:
     # taken from the Secret that it does not know would reach the logs in clear. Region and
     # endpoint are settings, not secrets.
     redaction = pytest.importorskip("cosyvoice_engine_builder.redaction")
-    passed = {key for keys in buildjob.CREDENTIAL_KEYS.values() for key, _ in keys}
+    passed = {key for keys in build_job.CREDENTIAL_KEYS.values() for key, _ in keys}
     assert passed - {"AWS_REGION", "AWS_ENDPOINT_URL"} <= set(redaction.SECRET_ENV_VARS)
-    assert set(buildjob.CREDENTIAL_KEYS) == {"hf", "s3", "pvc"}  # every scheme of spec.py
+    assert set(build_job.CREDENTIAL_KEYS) == {"hf", "s3", "pvc"}  # every scheme of spec.py
 
 
 # ---- security -----------------------------------------------------------------------------
@@ -456,7 +454,7 @@ def test_builder_args_contain_every_identity_field() -> None:
     job = _render(svc, arch="sm_90")
     container = _container(job)
     args = container["args"]
-    ident = engine.identity(svc, "sm_90", "unused")
+    ident = engine_identity.identity(svc, "sm_90", "unused")
     assert args[0] == "build"
     assert _flag(args, "--key") == ident.key
     assert _flag(args, "--cache-dir") == "/engines"
@@ -475,7 +473,7 @@ def test_builder_args_contain_every_identity_field() -> None:
 def test_builder_args_cover_every_identity_field_by_name() -> None:
     """A new EngineIdentity field must reach the builder (or be the image)."""
     ident = identity()
-    args = buildjob.builder_args(ident)
+    args = build_job.builder_args(ident)
     # The later fields are written only where not at their defaults (next tests).
     later = {"kv_cache_type", "smooth_quant", "llm_runtime", "artifact"}
     assert "--kv-cache-type" not in args and "--llm-runtime" not in args
@@ -495,7 +493,7 @@ def test_builder_cli_accepts_the_rendered_args(variant: str, precision: str) -> 
     """The operator's args against the engine builder's own argument parser."""
     cli = pytest.importorskip("cosyvoice_engine_builder.cli")
     ident = identity(variant=variant, precision=precision, revision="")
-    args = cli.build_parser().parse_args(buildjob.builder_args(ident))
+    args = cli.build_parser().parse_args(build_job.builder_args(ident))
     assert args.command == "build"
     assert args.key == ident.key
     assert args.variant == variant
@@ -515,7 +513,7 @@ def test_build_pod_can_land_on_the_nodes_the_service_was_planned_for() -> None:
     svc = service(serving={"tolerations": [{"key": "dedicated", "operator": "Exists"}]})
     n = gpus.GPUNode.from_node(node(product="NVIDIA-L20", taints=[taint]))
     assert n is not None
-    p = engine.plan(svc, [n], BuildSettings().default_builder_image)
+    p = engine_identity.plan(svc, [n], BuildSettings().default_builder_image)
     (target,) = p.targets  # the service may run on the tainted L20 node
     job = render_job(target, svc, "ml", 1, BuildSettings(), CACHE)
     pod_spec = _pod_spec(job)
@@ -544,11 +542,11 @@ def test_services_with_different_cache_claims_do_not_share_a_build() -> None:
 def test_record_marks_an_engine_as_built() -> None:
     ident = identity(gpu_arch="sm_90")
     built = dt.datetime(2025, 3, 1, 20, 30, 5, tzinfo=dt.timezone(dt.timedelta(hours=8)))
-    job = buildjob.job_name(ident, 2, CACHE)
+    job = build_job.job_name(ident, 2, CACHE)
     rec = render_record(ident, "ml", job, "step publish: done", built, CACHE)
     assert (rec["apiVersion"], rec["kind"]) == ("v1", "ConfigMap")
-    assert rec["metadata"]["name"] == buildjob.base_name(ident, CACHE)
-    assert rec["metadata"]["name"] == buildjob.record_name(ident, CACHE)
+    assert rec["metadata"]["name"] == build_job.base_name(ident, CACHE)
+    assert rec["metadata"]["name"] == build_job.record_name(ident, CACHE)
     assert rec["metadata"]["annotations"] == {
         "tts.cosyvoice.dev/cache-claim": "cosyvoice-engines",
         "tts.cosyvoice.dev/cache-claim-uid": CACHE.uid,
@@ -573,27 +571,27 @@ def test_record_marks_an_engine_as_built() -> None:
 def test_record_result_is_capped() -> None:
     when = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
     rec = render_record(identity(), "ml", "j", "x" * 10_000, when, CACHE)
-    assert len(rec["data"]["result"]) == buildjob.TERMINATION_MESSAGE_LIMIT
+    assert len(rec["data"]["result"]) == build_job.TERMINATION_MESSAGE_LIMIT
 
 
 def test_record_name_is_the_job_name_without_attempt() -> None:
     ident = identity()
-    assert buildjob.job_name(ident, 1, CACHE) == f"{buildjob.record_name(ident, CACHE)}-a1"
+    assert build_job.job_name(ident, 1, CACHE) == f"{build_job.record_name(ident, CACHE)}-a1"
 
 
 def test_a_claim_made_again_under_the_same_name_is_another_cache() -> None:
     # Deleted and created again, a claim is empty: what the old one held must not count.
     ident = identity()
-    again = buildjob.Cache(CACHE.claim, "another-uid")
-    assert buildjob.record_name(ident, again) != buildjob.record_name(ident, CACHE)
-    assert buildjob.job_name(ident, 1, again) != buildjob.job_name(ident, 1, CACHE)
-    assert buildjob.selector(ident, again) != buildjob.selector(ident, CACHE)
+    again = build_job.CacheClaim(CACHE.claim, "another-uid")
+    assert build_job.record_name(ident, again) != build_job.record_name(ident, CACHE)
+    assert build_job.job_name(ident, 1, again) != build_job.job_name(ident, 1, CACHE)
+    assert again.tag != CACHE.tag  # the claim label: its Jobs and records are told apart
 
 
 def test_rendering_into_another_claim_than_the_services_is_refused() -> None:
     svc = service()
-    ident = engine.identity(svc, "sm_89", BuildSettings().default_builder_image)
-    other = buildjob.Cache("other-claim", CACHE.uid)
+    ident = engine_identity.identity(svc, "sm_89", BuildSettings().default_builder_image)
+    other = build_job.CacheClaim("other-claim", CACHE.uid)
     with pytest.raises(ValueError, match="other-claim"):
         render_job(EngineTarget(ident, ("NVIDIA-L20",)), svc, "ml", 1, BuildSettings(), other)
 
@@ -607,9 +605,9 @@ def _cleanup(
     key: str = GC_KEY,
     arch: str = "sm_90",
     settings: BuildSettings | None = None,
-    cache: buildjob.Cache = CACHE,
+    cache: build_job.CacheClaim = CACHE,
 ) -> dict[str, Any]:
-    return buildjob.render_cleanup_job(
+    return build_job.render_cleanup_job(
         key, arch, "reg/builder:9", "ml", cache, settings or BuildSettings()
     )
 
@@ -624,17 +622,17 @@ def test_cleanup_job_name_mirrors_the_engines_base_name(arch: str) -> None:
     job = _cleanup(ident.key, arch)
     name = job["metadata"]["name"]
     assert name == f"cvs-engine-gc-{arch.replace('_', '')}-{ident.key[:20]}-{CACHE.tag}"
-    assert name == buildjob.base_name(ident, CACHE).replace("cvs-engine-", "cvs-engine-gc-", 1)
+    assert name == build_job.base_name(ident, CACHE).replace("cvs-engine-", "cvs-engine-gc-", 1)
     assert len(name) <= 63 and DNS_LABEL.match(name)
-    assert not name.startswith(buildjob.base_name(ident, CACHE))  # never taken for a build
+    assert not name.startswith(build_job.base_name(ident, CACHE))  # never taken for a build
     assert job["metadata"]["namespace"] == "ml"
     assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
 
 
 def test_cleanup_job_labels_and_annotations() -> None:
     job = _cleanup()
-    for labels in (job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"]):
-        assert labels == {
+    for job_labels in (job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"]):
+        assert job_labels == {
             "app.kubernetes.io/name": "cosyvoice-engine",
             "app.kubernetes.io/component": "engine-cleanup",
             "app.kubernetes.io/managed-by": "cosyvoice-operator",
@@ -653,12 +651,12 @@ def test_cleanup_job_labels_and_annotations() -> None:
     # "delete the engine-build Jobs" (README) leaves it alone.
     assert (
         job["metadata"]["labels"]["app.kubernetes.io/component"]
-        != (buildjob.COMPONENT_LABELS["app.kubernetes.io/component"])
+        != (labels.COMPONENT_LABELS["app.kubernetes.io/component"])
     )
 
 
 def test_cleanup_job_runs_remove_on_the_cache_claim() -> None:
-    claim = buildjob.Cache("team-a-engines", "uid-a")
+    claim = build_job.CacheClaim("team-a-engines", "uid-a")
     job = _cleanup(cache=claim)
     container = _container(job)
     assert container["image"] == "reg/builder:9"
@@ -794,9 +792,9 @@ def test_vllm_plans_job_builds_only_the_plans_on_one_gpu() -> None:
         engine={"tensorParallelSize": 2, "gpuProducts": ["NVIDIA-H100-80GB-HBM3"]},
         serving={"gpusPerReplica": 2},
     )
-    plan = engine.plan(svc, [], "img:builder")
+    plan = engine_identity.plan(svc, [], "img:builder")
     (target,) = plan.targets
-    job = buildjob.render_job(target, svc, "tts", 1, BuildSettings(), CACHE)
+    job = build_job.render_job(target, svc, "tts", 1, BuildSettings(), CACHE)
     container = _container(job)
     args = container["args"]
     assert args[0] == "build"
@@ -814,9 +812,9 @@ def test_vllm_prefetch_job_needs_no_gpu_and_no_gpu_node() -> None:
         model={"llmRuntime": "vllm"},
         engine={"gpuProducts": ["NVIDIA-L20", "NVIDIA-H100-80GB-HBM3"]},
     )
-    plan = engine.plan(svc, [], "img:builder")
+    plan = engine_identity.plan(svc, [], "img:builder")
     assert plan.checkpoint is not None
-    job = buildjob.render_job(plan.checkpoint, svc, "tts", 1, BuildSettings(), CACHE)
+    job = build_job.render_job(plan.checkpoint, svc, "tts", 1, BuildSettings(), CACHE)
     ident = plan.checkpoint.identity
     assert job["metadata"]["name"] == f"cvs-engine-ckpt-{ident.key[:20]}-{CACHE.tag}-a1"
     assert job["metadata"]["labels"]["tts.cosyvoice.dev/engine-key"] == ident.key

@@ -1,4 +1,4 @@
-"""buildjob.credentials_problem: a missing credentials Secret or key, read off the build pod.
+"""engine_state.credentials_problem: a missing credentials Secret or key, read off the build pod.
 
 The build pod references only the keys the builder needs, the required ones without
 ``optional``; the kubelet then refuses to start the container and says why in its waiting
@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from cosyvoice_operator.api import engine
-from cosyvoice_operator.api.engine import EngineTarget
-from cosyvoice_operator.render import buildjob
-from cosyvoice_operator.render.buildjob import BuildSettings, credentials_problem, render_job
+from cosyvoice_operator.api import engine_identity
+from cosyvoice_operator.api.engine_identity import EngineTarget
+from cosyvoice_operator.plan.engine_state import credentials_problem
+from cosyvoice_operator.render import build_job
+from cosyvoice_operator.render.build_job import BuildSettings, render_job
 
 from .objects import CACHE, T0, service
 
@@ -33,7 +34,7 @@ def _build_pod(
 ) -> dict[str, Any]:
     """A build pod as the API server returns it: the rendered template, plus a status."""
     svc = service(model={"uri": uri, "credentialsSecret": secret})
-    ident = engine.identity(svc, "sm_89", BuildSettings().default_builder_image)
+    ident = engine_identity.identity(svc, "sm_89", BuildSettings().default_builder_image)
     job = render_job(
         EngineTarget(ident, ("NVIDIA-L20",)), svc, NAMESPACE, 1, BuildSettings(), CACHE
     )
@@ -52,7 +53,7 @@ def _build_pod(
             "phase": "Pending",
             status_key: [
                 {
-                    "name": buildjob.CONTAINER,
+                    "name": build_job.CONTAINER,
                     "image": ident.builder_image,
                     "ready": False,
                     "restartCount": 0,

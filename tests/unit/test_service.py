@@ -1,4 +1,4 @@
-"""lifecycle.reconcile_service: one service's pass, as data in and data out."""
+"""plan.service.plan_service: one service's pass, as data in and data out."""
 
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ import copy
 import datetime as dt
 from typing import Any
 
-from cosyvoice_operator.api import engine
+from cosyvoice_operator.api import engine_identity, labels
 from cosyvoice_operator.api.effects import PostEvent
-from cosyvoice_operator.plan import lifecycle
-from cosyvoice_operator.plan.lifecycle import Policy, Step, reconcile_service
-from cosyvoice_operator.render import buildjob
+from cosyvoice_operator.plan.service import EngineRef, Policy, Step, plan_service, transitions
+from cosyvoice_operator.render import build_job
 
 from .objects import CACHE, T0, job, pod, raw_spec, record, service
 from .world import FakeWorld
@@ -35,9 +34,9 @@ def body(**spec: Any) -> dict[str, Any]:
     }
 
 
-def ident(**spec: Any) -> engine.EngineIdentity:
+def ident(**spec: Any) -> engine_identity.EngineIdentity:
     svc = service(serving=L20, **spec)
-    return engine.identity(svc, "sm_89", POLICY.build.default_builder_image)
+    return engine_identity.identity(svc, "sm_89", POLICY.build.default_builder_image)
 
 
 def after(b: dict[str, Any], step: Step) -> dict[str, Any]:
@@ -64,20 +63,20 @@ def engine_ready(step: Step, b: dict[str, Any]) -> dict[str, Any]:
 def test_a_new_service_creates_its_build_job_says_so_once_and_wants_the_engine() -> None:
     world = FakeWorld()
     b = body()
-    step = reconcile_service(b, world, T0, POLICY)
+    step = plan_service(b, world, T0, POLICY)
     [create] = step.creates
     assert create.body["kind"] == "Job"
-    assert create.name == buildjob.job_name(ident(), 1, CACHE)
+    assert create.name == build_job.job_name(ident(), 1, CACHE)
     assert step.status is not None and step.status.resource_version == "41"
     assert step.status.changes["phase"] == "BuildingEngine"
     assert step.status.changes["observedGeneration"] == 1
     assert reasons(step) == ["EngineBuildStarted"]
-    assert step.wants == frozenset({lifecycle.EngineRef("ml", CACHE.tag, ident().key)})
+    assert step.wants == frozenset({EngineRef("ml", CACHE.tag, ident().key)})
 
     # The same pass again on the written status, the Job now in the cache: nothing to do.
     world.job_list.append(job(ident(), 1) | {})
-    world.job_list[0]["metadata"]["labels"][buildjob.CLAIM_LABEL] = CACHE.tag
-    again = reconcile_service(after(b, step), world, T0, POLICY)
+    world.job_list[0]["metadata"]["labels"][labels.CLAIM_LABEL] = CACHE.tag
+    again = plan_service(after(b, step), world, T0, POLICY)
     assert again.creates == () and again.status is None and again.events == ()
 
 
@@ -86,16 +85,16 @@ def test_a_pass_repeated_before_the_status_is_seen_posts_nothing_twice() -> None
     # events come only with a status write that is accepted.
     world = FakeWorld()
     b = body()
-    first = reconcile_service(b, world, T0, POLICY)
-    second = reconcile_service(b, world, T0, POLICY)
+    first = plan_service(b, world, T0, POLICY)
+    second = plan_service(b, world, T0, POLICY)
     assert first == second  # deterministic: the retry carries the same patch and events
-    assert reconcile_service(after(b, first), world, T0, POLICY).events == ()
+    assert plan_service(after(b, first), world, T0, POLICY).events == ()
 
 
 def test_a_finished_job_is_recorded_and_the_engine_is_ready() -> None:
     world = FakeWorld(job_list=[job(ident(), 1, complete_at=T0)])
     b = body()
-    step = reconcile_service(b, world, T0 + dt.timedelta(seconds=5), POLICY)
+    step = plan_service(b, world, T0 + dt.timedelta(seconds=5), POLICY)
     [create] = step.creates
     assert create.body["kind"] == "ConfigMap"
     assert create.body["data"]["state"] == "Ready"
@@ -108,11 +107,11 @@ def test_a_blocker_stops_new_jobs_but_never_the_recording_of_a_finished_build() 
     spec = {"model": {"uri": "pvc://models/cosyvoice3"}}
     done = job(ident(**spec), 1, complete_at=T0)
     world = FakeWorld(job_list=[done])
-    step = reconcile_service(body(**spec), world, T0, POLICY)
+    step = plan_service(body(**spec), world, T0, POLICY)
     assert [c.body["kind"] for c in step.creates] == ["ConfigMap"]
 
     # No Job yet: the blocker holds and nothing is created.
-    step = reconcile_service(body(**spec), FakeWorld(), T0, POLICY)
+    step = plan_service(body(**spec), FakeWorld(), T0, POLICY)
     assert step.creates == ()
     cond = engine_ready(step, body(**spec))
     assert cond["reason"] == "ModelClaimMissing" and "models" in cond["message"]
@@ -122,7 +121,7 @@ def test_a_blocker_stops_new_jobs_but_never_the_recording_of_a_finished_build() 
 def test_an_image_outside_the_allowlist_makes_no_job_and_says_which_field() -> None:
     policy = Policy(allowed_image_prefixes=("ghcr.io/cosyvoice-operator/",))
     b = body(engine={"builderImage": "docker.io/evil/builder:1"})
-    step = reconcile_service(b, FakeWorld(), T0, policy)
+    step = plan_service(b, FakeWorld(), T0, policy)
     assert step.creates == ()
     cond = engine_ready(step, b)
     assert cond["reason"] == "ImageNotAllowed"
@@ -132,20 +131,20 @@ def test_an_image_outside_the_allowlist_makes_no_job_and_says_which_field() -> N
     )
     # The serving image is checked too; the default (empty) images always pass.
     b = body(serving={**L20, "image": "quay.io/x/triton:1"})
-    assert engine_ready(reconcile_service(b, FakeWorld(), T0, policy), b)["reason"] == (
+    assert engine_ready(plan_service(b, FakeWorld(), T0, policy), b)["reason"] == (
         "ImageNotAllowed"
     )
-    assert reconcile_service(body(), FakeWorld(), T0, policy).creates
+    assert plan_service(body(), FakeWorld(), T0, policy).creates
 
 
 def test_an_invalid_spec_removes_the_engines_it_no_longer_has() -> None:
     good = body()
-    built = after(good, reconcile_service(good, FakeWorld(), T0, POLICY))
+    built = after(good, plan_service(good, FakeWorld(), T0, POLICY))
     assert built["status"]["engines"]
     bad = copy.deepcopy(built)
     bad["metadata"]["generation"] = 2
     bad["spec"]["engine"] = {"tensorParallelSize": 3}
-    step = reconcile_service(bad, FakeWorld(), T0, POLICY)
+    step = plan_service(bad, FakeWorld(), T0, POLICY)
     assert step.creates == ()
     assert step.status is not None
     assert step.status.changes["engines"] is None  # removed by the merge patch
@@ -154,11 +153,9 @@ def test_an_invalid_spec_removes_the_engines_it_no_longer_has() -> None:
 
 
 def test_a_refused_job_is_reported_with_the_api_servers_words_and_not_created_again() -> None:
-    name = buildjob.job_name(ident(), 1, CACHE)
+    name = build_job.job_name(ident(), 1, CACHE)
     b = body()
-    step = reconcile_service(
-        b, FakeWorld(), T0, POLICY, refused={name: "403 Forbidden: exceeded quota"}
-    )
+    step = plan_service(b, FakeWorld(), T0, POLICY, refused={name: "403 Forbidden: exceeded quota"})
     assert step.creates == ()
     cond = engine_ready(step, b)
     assert cond["reason"] == "JobCreateFailed" and "exceeded quota" in cond["message"]
@@ -178,7 +175,7 @@ def test_a_missing_credentials_secret_is_read_from_the_build_pods_status() -> No
     }
     world = FakeWorld(job_list=[running], pod_list={name: [waiting]})
     b = body(**spec)
-    step = reconcile_service(b, world, T0, POLICY)
+    step = plan_service(b, world, T0, POLICY)
     assert step.creates == ()
     cond = engine_ready(step, b)
     assert cond["reason"] == "CredentialsSecretMissing"
@@ -188,20 +185,20 @@ def test_a_missing_credentials_secret_is_read_from_the_build_pods_status() -> No
 def test_a_failed_attempt_waits_for_its_retry_time_and_asks_to_be_woken_then() -> None:
     failed = job(ident(), 1, failed_at=T0)
     world = FakeWorld(job_list=[failed])
-    step = reconcile_service(body(), world, T0 + dt.timedelta(seconds=20), POLICY)
+    step = plan_service(body(), world, T0 + dt.timedelta(seconds=20), POLICY)
     assert step.creates == ()
     assert step.requeue_after is not None and 40 <= step.requeue_after <= 41
-    later = reconcile_service(body(), world, T0 + dt.timedelta(seconds=61), POLICY)
+    later = plan_service(body(), world, T0 + dt.timedelta(seconds=61), POLICY)
     [create] = later.creates
-    assert create.name == buildjob.job_name(ident(), 2, CACHE)
+    assert create.name == build_job.job_name(ident(), 2, CACHE)
 
 
 def test_an_engine_being_removed_is_waited_for_then_built_again() -> None:
-    rec = record(ident(), buildjob.job_name(ident(), 1, CACHE), T0)
-    rec["metadata"]["annotations"][lifecycle.REMOVING_ANNOTATION] = "2025-03-01T12:00:00Z"
+    rec = record(ident(), build_job.job_name(ident(), 1, CACHE), T0)
+    rec["metadata"]["annotations"][labels.REMOVING_ANNOTATION] = "2025-03-01T12:00:00Z"
     world = FakeWorld(records={rec["metadata"]["name"]: rec})
     b = body()
-    step = reconcile_service(b, world, T0, POLICY)
+    step = plan_service(b, world, T0, POLICY)
     assert step.creates == ()
     new = after(b, step)["status"]
     assert new["engines"][0]["state"] == "Pending"
@@ -222,7 +219,7 @@ def test_transitions_name_each_change_once() -> None:
             },
         ]
     }
-    assert lifecycle.transitions(prev, new) == [
+    assert transitions(prev, new) == [
         PostEvent("Warning", "EngineBuildFailed", "engine k (sm_89): attempt 1/3 failed")
     ]
-    assert lifecycle.transitions(new, new) == []
+    assert transitions(new, new) == []

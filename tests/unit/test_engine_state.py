@@ -1,4 +1,4 @@
-"""buildjob.assess: the state of one engine, and what the operator does next."""
+"""engine_state.assess: the state of one engine, and what the operator does next."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
-from cosyvoice_operator.render import buildjob
-from cosyvoice_operator.render.buildjob import BuildSettings, EngineState, assess
+from cosyvoice_operator.plan import engine_state
+from cosyvoice_operator.plan.engine_state import EngineState, assess
+from cosyvoice_operator.render import build_job
+from cosyvoice_operator.render.build_job import BuildSettings
 
 from .objects import CACHE, T0, identity, job, pod, record
 
@@ -21,7 +23,7 @@ MINUTE = dt.timedelta(minutes=1)
 
 
 def _name(attempt: int) -> str:
-    return buildjob.job_name(IDENT, attempt, CACHE)
+    return build_job.job_name(IDENT, attempt, CACHE)
 
 
 @dataclass
@@ -342,12 +344,15 @@ def test_complete_carries_the_builders_result_for_the_record() -> None:
     ],
 )
 def test_termination_message_forms(text: str, expected: str) -> None:
-    assert buildjob.termination_message([pod(phase="Failed", termination_message=text)]) == expected
+    assert (
+        engine_state.termination_message([pod(phase="Failed", termination_message=text)])
+        == expected
+    )
 
 
 def test_termination_message_keeps_the_tail_of_long_text() -> None:
     text = "head " + "x" * 5000 + " the real error"
-    out = buildjob.termination_message([pod(phase="Failed", termination_message=text)])
+    out = engine_state.termination_message([pod(phase="Failed", termination_message=text)])
     assert len(out) == 1000
     assert out.endswith("the real error")
 
@@ -355,14 +360,14 @@ def test_termination_message_keeps_the_tail_of_long_text() -> None:
 def test_termination_message_skips_pods_without_one() -> None:
     silent = pod("p-new", created=T0, phase="Failed")
     talking = pod("p-old", created=T0 - MINUTE, phase="Failed", termination_message="oom")
-    assert buildjob.termination_message([silent, talking]) == "oom"
-    assert buildjob.termination_message([]) == ""
+    assert engine_state.termination_message([silent, talking]) == "oom"
+    assert engine_state.termination_message([]) == ""
 
 
 def test_pending_reason_falls_back_to_the_reason() -> None:
     p = pod(unschedulable_message="")
-    assert buildjob.pending_reason([p]) == "Unschedulable"
-    assert buildjob.pending_reason([pod(phase="Running", node_name="n")]) == ""
+    assert engine_state.pending_reason([p]) == "Unschedulable"
+    assert engine_state.pending_reason([pod(phase="Running", node_name="n")]) == ""
 
 
 def test_engine_state_defaults() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from cosyvoice_operator.api import engine, gpus, spec
-from cosyvoice_operator.api.engine import EngineIdentity
+from cosyvoice_operator.api import engine_identity, gpus, spec
+from cosyvoice_operator.api.engine_identity import EngineIdentity
 from tests.precision_cases import KV_CACHE_ARCH_CASES, PRECISION_ARCH_CASES
 
 from .objects import identity, node, raw_spec, service
@@ -18,7 +18,7 @@ from .objects import identity, node, raw_spec, service
 DEFAULT_IMAGE = "ghcr.io/cosyvoice-operator/engine-builder:0.1.0-trtllm0.20.0"
 
 # A fixed identity and its key. If this test fails, the key derivation changed: every engine
-# already built would get a new key and be rebuilt. Bump engine.KEY_SCHEMA deliberately and
+# already built would get a new key and be rebuilt. Bump engine_identity.KEY_SCHEMA deliberately and
 # update the value here in the same change.
 GOLDEN_IDENTITY = EngineIdentity(
     model_uri="hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
@@ -34,12 +34,12 @@ GOLDEN_IDENTITY = EngineIdentity(
 GOLDEN_KEY = "deefb7bb4469955f5771a9fd77d07daac5e2558a"
 
 
-def _unknown(p: engine.EnginePlan) -> tuple[str, ...]:
+def _unknown(p: engine_identity.EnginePlan) -> tuple[str, ...]:
     return tuple(r.product for r in p.rejected if r.reason == "UnknownGPUProduct")
 
 
 def test_key_of_a_fixed_identity_is_pinned() -> None:
-    assert engine.KEY_SCHEMA == "cosyvoice-engine/v1"
+    assert engine_identity.KEY_SCHEMA == "cosyvoice-engine/v1"
     assert GOLDEN_IDENTITY.key == GOLDEN_KEY
     assert GOLDEN_IDENTITY.short_name == "sm89-deefb7bb4469955f5771"
 
@@ -47,14 +47,14 @@ def test_key_of_a_fixed_identity_is_pinned() -> None:
 def test_key_is_a_label_safe_hex_digest() -> None:
     key = identity().key
     assert re.fullmatch(r"[0-9a-f]{40}", key)
-    assert len(key) == engine.KEY_LENGTH <= 63
+    assert len(key) == engine_identity.KEY_LENGTH <= 63
 
 
 def test_key_is_stable_across_instances() -> None:
     assert identity().key == identity().key
     # and across parses of the same spec
-    a = engine.identity(service(), "sm_90", DEFAULT_IMAGE)
-    b = engine.identity(service(), "sm_90", DEFAULT_IMAGE)
+    a = engine_identity.identity(service(), "sm_90", DEFAULT_IMAGE)
+    b = engine_identity.identity(service(), "sm_90", DEFAULT_IMAGE)
     assert a == b and a.key == b.key
 
 
@@ -78,7 +78,7 @@ def test_identity_from_spec_carries_every_engine_field() -> None:
         },
         serving={"gpusPerReplica": 2},
     )
-    assert engine.identity(s, "sm_90", DEFAULT_IMAGE) == EngineIdentity(
+    assert engine_identity.identity(s, "sm_90", DEFAULT_IMAGE) == EngineIdentity(
         model_uri="s3://models/cv2/",
         revision="v1",
         variant="cosyvoice2",
@@ -92,7 +92,7 @@ def test_identity_from_spec_carries_every_engine_field() -> None:
 
 
 def _key(raw: dict[str, Any], arch: str = "sm_89", default_image: str = DEFAULT_IMAGE) -> str:
-    return engine.identity(spec.parse(raw), arch, default_image).key
+    return engine_identity.identity(spec.parse(raw), arch, default_image).key
 
 
 BASE_KEY_SPEC = raw_spec()
@@ -260,7 +260,7 @@ def test_serving_replicas_and_autoscaling_never_change_the_key(raw: dict[str, An
     assert _key(raw) == _key(BASE_KEY_SPEC)
 
 
-# ---- engine.plan ------------------------------------------------------------------------
+# ---- engine_identity.plan ------------------------------------------------------------------------
 
 
 def _nodes(*raws: dict[str, Any]) -> list[gpus.GPUNode]:
@@ -272,12 +272,12 @@ def _nodes(*raws: dict[str, Any]) -> list[gpus.GPUNode]:
     return out
 
 
-def _targets(p: engine.EnginePlan) -> dict[str, set[str]]:
+def _targets(p: engine_identity.EnginePlan) -> dict[str, set[str]]:
     return {t.identity.gpu_arch: set(t.products) for t in p.targets}
 
 
 def test_plan_from_nodes_l20_and_l40s_share_one_sm89_engine() -> None:
-    p = engine.plan(
+    p = engine_identity.plan(
         service(),
         _nodes(node("a", "NVIDIA-L20"), node("b", "NVIDIA-L40S"), node("c", "NVIDIA-L20")),
         DEFAULT_IMAGE,
@@ -287,14 +287,16 @@ def test_plan_from_nodes_l20_and_l40s_share_one_sm89_engine() -> None:
     (target,) = p.targets
     assert len(target.products) == 2  # each product once
     assert (
-        target.key == target.identity.key == engine.identity(service(), "sm_89", DEFAULT_IMAGE).key
+        target.key
+        == target.identity.key
+        == engine_identity.identity(service(), "sm_89", DEFAULT_IMAGE).key
     )
     assert _unknown(p) == ()
     assert p.product_count == 2
 
 
 def test_plan_l20_and_h100_are_two_engines() -> None:
-    p = engine.plan(
+    p = engine_identity.plan(
         service(),
         _nodes(node("h", "NVIDIA-H100-80GB-HBM3"), node("l", "NVIDIA-L20")),
         DEFAULT_IMAGE,
@@ -308,7 +310,7 @@ def test_plan_l20_and_h100_are_two_engines() -> None:
 
 
 def test_plan_reports_unknown_products_and_never_guesses() -> None:
-    p = engine.plan(
+    p = engine_identity.plan(
         service(),
         _nodes(node("t", "Tesla-T4"), node("l", "NVIDIA-L20"), node("x", "NVIDIA-X9")),
         DEFAULT_IMAGE,
@@ -322,7 +324,7 @@ def test_plan_reports_unknown_products_and_never_guesses() -> None:
 
 
 def test_plan_only_unknown_products_has_no_target() -> None:
-    p = engine.plan(service(engine={"gpuProducts": ["Tesla-T4"]}), [], DEFAULT_IMAGE)
+    p = engine_identity.plan(service(engine={"gpuProducts": ["Tesla-T4"]}), [], DEFAULT_IMAGE)
     assert p.targets == ()
     assert _unknown(p) == ("Tesla-T4",)
 
@@ -339,7 +341,7 @@ def test_plan_rejects_products_the_precision_cannot_run_on(
 ) -> None:
     s = service(engine={"precision": "fp8", "gpuProducts": products})
     nodes = _nodes(node("a", "NVIDIA-A100-SXM4-80GB"), node("h", "NVIDIA-H100-80GB-HBM3"))
-    p = engine.plan(s, nodes, DEFAULT_IMAGE)
+    p = engine_identity.plan(s, nodes, DEFAULT_IMAGE)
     assert _targets(p) == {"sm_90": {"NVIDIA-H100-80GB-HBM3"}}  # no build for sm_80
     (rejected,) = p.rejected
     assert (rejected.product, rejected.arch, rejected.reason) == (
@@ -366,7 +368,7 @@ def test_weight_only_precisions_are_refused_on_turing(precision: str) -> None:
 
 def test_plan_gpu_products_from_spec_win_over_nodes() -> None:
     s = service(engine={"gpuProducts": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H200", "NVIDIA-L4"]})
-    p = engine.plan(s, _nodes(node("l", "NVIDIA-L20")), DEFAULT_IMAGE)
+    p = engine_identity.plan(s, _nodes(node("l", "NVIDIA-L20")), DEFAULT_IMAGE)
     assert p.source == "spec"
     assert _targets(p) == {
         "sm_89": {"NVIDIA-L4"},
@@ -375,13 +377,13 @@ def test_plan_gpu_products_from_spec_win_over_nodes() -> None:
 
 
 def test_plan_spec_products_need_no_nodes_at_all() -> None:
-    p = engine.plan(service(engine={"gpuProducts": ["NVIDIA-B200"]}), [], DEFAULT_IMAGE)
+    p = engine_identity.plan(service(engine={"gpuProducts": ["NVIDIA-B200"]}), [], DEFAULT_IMAGE)
     assert _targets(p) == {"sm_100": {"NVIDIA-B200"}}
 
 
 def test_plan_without_eligible_nodes_is_empty() -> None:
-    p = engine.plan(service(), [], DEFAULT_IMAGE)
-    assert p == engine.EnginePlan((), (), "nodes")
+    p = engine_identity.plan(service(), [], DEFAULT_IMAGE)
+    assert p == engine_identity.EnginePlan((), (), "nodes")
     assert p.product_count == 0
 
 
@@ -439,26 +441,30 @@ def test_plan_from_nodes_uses_only_eligible_nodes(
     serving: dict[str, Any], nodes: Sequence[dict[str, Any]], expected: set[str]
 ) -> None:
     s = service(serving=serving)
-    p = engine.plan(s, _nodes(*nodes), DEFAULT_IMAGE)
+    p = engine_identity.plan(s, _nodes(*nodes), DEFAULT_IMAGE)
     assert {prod for t in p.targets for prod in t.products} == expected
-    assert engine.eligible_products(s, _nodes(*nodes)) == sorted(expected)
+    assert engine_identity.eligible_products(s, _nodes(*nodes)) == sorted(expected)
 
 
 def test_plan_uses_the_default_builder_image_only_when_the_spec_has_none() -> None:
     nodes = _nodes(node("l", "NVIDIA-L20"))
-    default = engine.plan(service(), nodes, "img:default")
+    default = engine_identity.plan(service(), nodes, "img:default")
     assert default.targets[0].identity.builder_image == "img:default"
-    other_default = engine.plan(service(), nodes, "img:newer")
+    other_default = engine_identity.plan(service(), nodes, "img:newer")
     assert default.targets[0].key != other_default.targets[0].key
 
-    explicit = engine.plan(service(engine={"builderImage": "img:mine"}), nodes, "img:default")
+    explicit = engine_identity.plan(
+        service(engine={"builderImage": "img:mine"}), nodes, "img:default"
+    )
     assert explicit.targets[0].identity.builder_image == "img:mine"
 
 
 def test_two_services_asking_for_the_same_engine_share_its_key() -> None:
     nodes = _nodes(node("l", "NVIDIA-L20"))
-    a = engine.plan(service(serving={"instancesPerGpu": 2}, replicas=5), nodes, DEFAULT_IMAGE)
-    b = engine.plan(
+    a = engine_identity.plan(
+        service(serving={"instancesPerGpu": 2}, replicas=5), nodes, DEFAULT_IMAGE
+    )
+    b = engine_identity.plan(
         service(serving={"streaming": False}, autoscaling={"enabled": True}), nodes, DEFAULT_IMAGE
     )
     assert [t.key for t in a.targets] == [t.key for t in b.targets]
@@ -481,10 +487,10 @@ def test_an_existing_spec_keeps_its_key_and_identity_record() -> None:
     """The new identity fields stay out of the key and the recorded identity at their
     defaults: engines built before they existed are found again, not rebuilt."""
     s = service(model={"revision": "0123abcd"})
-    ident = engine.identity(s, "sm_89", DEFAULT_IMAGE)
+    ident = engine_identity.identity(s, "sm_89", DEFAULT_IMAGE)
     assert ident == GOLDEN_IDENTITY
     assert ident.key == GOLDEN_KEY
-    assert engine.identity_to_dict(ident) == {
+    assert engine_identity.identity_to_dict(ident) == {
         "modelUri": "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
         "revision": "0123abcd",
         "variant": "cosyvoice3",
@@ -508,7 +514,7 @@ def test_an_existing_spec_keeps_its_key_and_identity_record() -> None:
     ],
 )
 def test_identity_dict_round_trips(ident: EngineIdentity) -> None:
-    assert engine.identity_from_dict(engine.identity_to_dict(ident)) == ident
+    assert engine_identity.identity_from_dict(engine_identity.identity_to_dict(ident)) == ident
 
 
 def test_fp8_engines_keep_their_key_with_kv_cache_fp8_spelled_out() -> None:
@@ -529,7 +535,7 @@ def test_smoothquant_options_enter_the_key() -> None:
     for change in ({"alpha": 0.8}, {"perToken": False}, {"perChannel": False}):
         other = raw_spec(engine={"precision": "int8-smoothquant", "smoothQuant": change})
         assert _key(other) != _key(base), change
-    ident = engine.identity(spec.parse(base), "sm_90", DEFAULT_IMAGE)
+    ident = engine_identity.identity(spec.parse(base), "sm_90", DEFAULT_IMAGE)
     assert ident.smooth_quant == "alpha=0.5,per_token,per_channel"
 
 
@@ -543,7 +549,7 @@ def test_vllm_plans_are_per_architecture_and_ignore_llm_settings() -> None:
         {"maxBatchSize": 64, "maxNumTokens": 4096},
     ):
         assert _key(raw_spec(model={"llmRuntime": "vllm"}, engine=engine_change)) == _key(vllm)
-    ident = engine.identity(spec.parse(vllm), "sm_90", DEFAULT_IMAGE)
+    ident = engine_identity.identity(spec.parse(vllm), "sm_90", DEFAULT_IMAGE)
     assert (ident.artifact, ident.llm_runtime, ident.precision) == ("plans", "vllm", "none")
     assert not ident.has_llm_engine
 
@@ -553,7 +559,7 @@ def test_vllm_plan_has_one_architecture_free_checkpoint() -> None:
         model={"llmRuntime": "vllm"},
         engine={"gpuProducts": ["NVIDIA-L20", "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"]},
     )
-    p = engine.plan(s, [], DEFAULT_IMAGE)
+    p = engine_identity.plan(s, [], DEFAULT_IMAGE)
     assert _targets(p) == {
         "sm_80": {"NVIDIA-A100-SXM4-80GB"},
         "sm_89": {"NVIDIA-L20"},
@@ -570,7 +576,7 @@ def test_vllm_plan_has_one_architecture_free_checkpoint() -> None:
     }
     assert p.builds == (*p.targets, p.checkpoint)
     # The same checkpoint whatever the products: a new GPU type fetches nothing again.
-    only_l20 = engine.plan(
+    only_l20 = engine_identity.plan(
         service(model={"llmRuntime": "vllm"}, engine={"gpuProducts": ["NVIDIA-L20"]}),
         [],
         DEFAULT_IMAGE,
@@ -578,15 +584,20 @@ def test_vllm_plan_has_one_architecture_free_checkpoint() -> None:
     assert only_l20.checkpoint is not None and only_l20.checkpoint.key == p.checkpoint.key
     # No checkpoint without vLLM, and none while no architecture is served.
     assert (
-        engine.plan(service(engine={"gpuProducts": ["NVIDIA-L20"]}), [], DEFAULT_IMAGE).checkpoint
+        engine_identity.plan(
+            service(engine={"gpuProducts": ["NVIDIA-L20"]}), [], DEFAULT_IMAGE
+        ).checkpoint
         is None
     )
-    assert engine.plan(service(model={"llmRuntime": "vllm"}), [], DEFAULT_IMAGE).checkpoint is None
+    assert (
+        engine_identity.plan(service(model={"llmRuntime": "vllm"}), [], DEFAULT_IMAGE).checkpoint
+        is None
+    )
 
 
 def test_checkpoint_key_follows_the_release_not_vllm_settings() -> None:
     def ckpt(**sections: Any) -> str:
-        ident = engine.checkpoint_identity(service(**sections), DEFAULT_IMAGE)
+        ident = engine_identity.checkpoint_identity(service(**sections), DEFAULT_IMAGE)
         assert ident is not None
         return ident.key
 
@@ -613,7 +624,7 @@ def test_plan_refuses_fp8_kv_cache_where_the_architecture_cannot_run_it() -> Non
     s = service(
         engine={"kvCacheType": "fp8", "gpuProducts": ["NVIDIA-A100-SXM4-80GB", "NVIDIA-L20"]}
     )
-    p = engine.plan(s, [], DEFAULT_IMAGE)
+    p = engine_identity.plan(s, [], DEFAULT_IMAGE)
     assert _targets(p) == {"sm_89": {"NVIDIA-L20"}}
     (rejected,) = p.rejected
     assert (rejected.product, rejected.arch, rejected.reason) == (
@@ -626,7 +637,7 @@ def test_plan_refuses_fp8_kv_cache_where_the_architecture_cannot_run_it() -> Non
 
 
 def test_plan_builds_smoothquant_from_ampere_on() -> None:
-    p = engine.plan(
+    p = engine_identity.plan(
         service(
             engine={
                 "precision": "int8-smoothquant",

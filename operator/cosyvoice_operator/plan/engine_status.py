@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosyvoice_operator.api import conditions
-from cosyvoice_operator.api.engine import EnginePlan
-from cosyvoice_operator.render.buildjob import EngineState
+from cosyvoice_operator.api.engine_identity import EnginePlan
+from cosyvoice_operator.plan.engine_state import EngineState
 
 
 @dataclass(frozen=True)

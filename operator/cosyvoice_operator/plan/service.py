@@ -2,7 +2,7 @@
 effects that move the world towards it (pure).
 
 A pass of the controller observes (caches fed by watches; see :class:`World`), calls
-:func:`reconcile_service`, then carries out the :class:`Step` it returns: the creates first,
+:func:`plan_service`, then carries out the :class:`Step` it returns: the creates first,
 then the status patch, and the Events only once that patch is accepted. Events are derived
 from the difference between the old and new status, so a pass repeated on the same world
 (a conflict, a second operator) posts nothing twice.
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cosyvoice_operator.api import conditions, engine, gpus
+from cosyvoice_operator.api import conditions, engine_identity, gpus
 from cosyvoice_operator.api.effects import (
     ApplyObject,
     CreateObject,
@@ -29,13 +29,15 @@ from cosyvoice_operator.api.effects import (
     PatchStatus,
     PostEvent,
 )
+from cosyvoice_operator.api.labels import REMOVING_ANNOTATION
 from cosyvoice_operator.api.spec import ServiceSpec, SpecError, parse
-from cosyvoice_operator.plan import serving, status
-from cosyvoice_operator.render import buildjob
-from cosyvoice_operator.render.buildjob import BuildSettings, Cache, EngineState
+from cosyvoice_operator.plan import engine_state, engine_status, serving
+from cosyvoice_operator.plan.engine_state import EngineState
+from cosyvoice_operator.render import build_job
+from cosyvoice_operator.render.build_job import BuildSettings, CacheClaim
 from cosyvoice_operator.render.workloads import ServingSettings
 
-# The status fields the engine lifecycle writes; one absent from a new status is removed.
+# The status fields a service pass writes; one absent from a new status is removed.
 OWNED_STATUS = (
     "observedGeneration",
     "phase",
@@ -49,8 +51,6 @@ OWNED_STATUS = (
     "serving",
     "endpoints",
 )
-REMOVING_ANNOTATION = f"{buildjob.GROUP}/removing"
-UNREFERENCED_ANNOTATION = f"{buildjob.GROUP}/unreferenced-since"
 # EngineReady reasons that deserve a Warning Event when they start to hold.
 WARNING_REASONS = frozenset(
     {
@@ -136,21 +136,21 @@ def image_problem(image: str, field_path: str, prefixes: Sequence[str]) -> str |
 
 def blockers_of(
     svc: ServiceSpec, namespace: str, world: World, policy: Policy
-) -> tuple[list[status.Blocker], Cache | None]:
+) -> tuple[list[engine_status.Blocker], CacheClaim | None]:
     """What keeps new build Jobs from being made, and the cache claim when it exists."""
-    found: list[status.Blocker] = []
+    found: list[engine_status.Blocker] = []
     for image, where in (
         (svc.engine.builder_image, "spec.engine.builderImage"),
         (svc.serving.image, "spec.serving.image"),
     ):
         why = image_problem(image, where, policy.allowed_image_prefixes)
         if why:
-            found.append(status.Blocker("ImageNotAllowed", why))
+            found.append(engine_status.Blocker("ImageNotAllowed", why))
     claim = svc.engine.cache_claim_name
     uid = world.claim_uid(namespace, claim)
     if uid is None:
         found.append(
-            status.Blocker(
+            engine_status.Blocker(
                 "CacheClaimMissing",
                 f"PersistentVolumeClaim {namespace}/{claim} (spec.engine.cacheClaimName) does not "
                 "exist: create a ReadWriteMany claim of that name for the engine cache",
@@ -159,29 +159,29 @@ def blockers_of(
     model_claim = svc.model.pvc_claim
     if model_claim and world.claim_uid(namespace, model_claim) is None:
         found.append(
-            status.Blocker(
+            engine_status.Blocker(
                 "ModelClaimMissing",
                 f"PersistentVolumeClaim {namespace}/{model_claim} (from spec.model.uri) "
                 "does not exist",
             )
         )
-    return found, (Cache(claim, uid) if uid is not None else None)
+    return found, (CacheClaim(claim, uid) if uid is not None else None)
 
 
 def _engine(
-    target: engine.EngineTarget,
+    target: engine_identity.EngineTarget,
     svc: ServiceSpec,
     namespace: str,
     world: World,
     policy: Policy,
-    cache: Cache,
+    cache: CacheClaim,
     blocked: bool,
     refused: Mapping[str, str],
     now: dt.datetime,
 ) -> tuple[EngineState, list[CreateObject]]:
     """The state of one engine, and what to create for it."""
     ident = target.identity
-    record = world.record(namespace, buildjob.record_name(ident, cache))
+    record = world.record(namespace, build_job.record_name(ident, cache))
     if record is not None and ((record.get("metadata") or {}).get("annotations") or {}).get(
         REMOVING_ANNOTATION
     ):
@@ -194,15 +194,15 @@ def _engine(
             [],
         )
     jobs = world.jobs(namespace, ident.key, cache.tag) if record is None else []
-    latest = buildjob.latest_job(jobs)
+    latest = engine_state.latest_job(jobs)
     pods = world.pods(namespace, str(latest["metadata"]["name"])) if latest is not None else []
-    st = buildjob.assess(ident, record, jobs, pods, now, policy.build)
+    st = engine_state.assess(ident, record, jobs, pods, now, policy.build)
     creates: list[CreateObject] = []
     if st.action == "create":
         if blocked:
             # Only a build still to be made waits for the blocker; the status says which.
             return EngineState("Pending", "blocked", attempts=st.next_attempt - 1), []
-        job = buildjob.render_job(target, svc, namespace, st.next_attempt, policy.build, cache)
+        job = build_job.render_job(target, svc, namespace, st.next_attempt, policy.build, cache)
         name = str(job["metadata"]["name"])
         if name in refused:
             message = (
@@ -225,7 +225,7 @@ def _engine(
         failed = st.action == "record-failure"
         creates.append(
             CreateObject(
-                buildjob.render_record(
+                build_job.render_record(
                     ident,
                     namespace,
                     st.job,
@@ -237,7 +237,7 @@ def _engine(
             )
         )
     if st.state in ("Pending", "Building") and st.job:
-        problem = buildjob.credentials_problem(pods)
+        problem = engine_state.credentials_problem(pods)
         if problem is not None:
             reason, message = problem
             st = EngineState("Pending", message, job=st.job, attempts=st.attempts, reason=reason)
@@ -299,7 +299,7 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Pos
     return events
 
 
-def reconcile_service(
+def plan_service(
     body: Mapping[str, Any],
     world: World,
     now: dt.datetime,
@@ -317,7 +317,7 @@ def reconcile_service(
     try:
         svc = parse(body.get("spec") or {})
     except SpecError as exc:
-        new = status.engine_status(None, {}, [], str(exc), previous, generation, 0, now)
+        new = engine_status.engine_status(None, {}, [], str(exc), previous, generation, 0, now)
         # What serves keeps serving: the serving fields stay as they were.
         for key in (
             "replicas",
@@ -331,7 +331,7 @@ def reconcile_service(
                 new.setdefault(key, previous[key])
         return _step(previous, new, version, [], None, frozenset())
     nodes = [] if svc.engine.gpu_products else list(world.gpu_nodes())
-    plan = engine.plan(svc, nodes, policy.build.default_builder_image)
+    plan = engine_identity.plan(svc, nodes, policy.build.default_builder_image)
     blockers, cache = blockers_of(svc, namespace, world, policy)
     states: dict[str, EngineState] = {}
     creates: list[CreateObject] = []
@@ -346,7 +346,7 @@ def reconcile_service(
         )
         states[target.key] = st
         creates.extend(made)
-    new = status.engine_status(
+    new = engine_status.engine_status(
         plan,
         states,
         blockers,

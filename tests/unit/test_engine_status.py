@@ -1,4 +1,4 @@
-"""status.engine_status / engine_entries / engine_summary: what `kubectl get cvs` shows."""
+"""engine_status.engine_status / engine_entries / engine_summary: what `kubectl get cvs` shows."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from cosyvoice_operator.api.engine import EnginePlan, EngineTarget, RejectedProduct
+from cosyvoice_operator.api.engine_identity import EnginePlan, EngineTarget, RejectedProduct
 from cosyvoice_operator.api.gpus import UnknownGPUProduct
-from cosyvoice_operator.plan import status
-from cosyvoice_operator.plan.status import Blocker
-from cosyvoice_operator.render.buildjob import EngineState
+from cosyvoice_operator.plan import engine_status
+from cosyvoice_operator.plan.engine_state import EngineState
+from cosyvoice_operator.plan.engine_status import Blocker
 
 from .objects import T0, identity
 
@@ -53,7 +53,7 @@ def _status(
     desired: int = 2,
     now: dt.datetime = T0,
 ) -> dict[str, Any]:
-    return status.engine_status(
+    return engine_status.engine_status(
         plan, states or {}, blockers, spec_error, previous or {}, generation, desired, now
     )
 
@@ -139,7 +139,7 @@ def test_available_follows_engine_readiness() -> None:
 
 
 def test_one_entry_per_product_products_of_one_arch_share_a_key() -> None:
-    entries = status.engine_entries(_plan(SM89, SM90), {SM89.key: READY, SM90.key: BUILDING})
+    entries = engine_status.engine_entries(_plan(SM89, SM90), {SM89.key: READY, SM90.key: BUILDING})
     assert [e["gpuProduct"] for e in entries] == [
         "NVIDIA-H100-80GB-HBM3",
         "NVIDIA-L20",
@@ -166,16 +166,16 @@ def test_entry_has_next_retry_time_while_waiting_to_retry() -> None:
         "Failed", "attempt 1/3 failed", job="j-a1", attempts=1,
         next_retry=dt.datetime(2025, 3, 1, 20, 1, tzinfo=dt.timezone(dt.timedelta(hours=8))),
     )  # fmt: skip
-    (entry,) = status.engine_entries(_plan(SM90), {SM90.key: waiting})
+    (entry,) = engine_status.engine_entries(_plan(SM90), {SM90.key: waiting})
     assert entry["nextRetryTime"] == "2025-03-01T12:01:00Z"
-    (plain,) = status.engine_entries(_plan(SM90), {SM90.key: BUILDING})
+    (plain,) = engine_status.engine_entries(_plan(SM90), {SM90.key: BUILDING})
     assert "nextRetryTime" not in plain
 
 
 def test_status_engines_are_the_entries() -> None:
     states = {SM89.key: READY, SM90.key: BUILDING}
     st = _status(_plan(SM89, SM90), states)
-    assert st["engines"] == status.engine_entries(_plan(SM89, SM90), states)
+    assert st["engines"] == engine_status.engine_entries(_plan(SM89, SM90), states)
 
 
 # ---- unknown products and no products -------------------------------------------------------
@@ -379,7 +379,7 @@ def _entry(key: str, state: str, product: str = "P") -> dict[str, Any]:
     ],
 )
 def test_engine_summary(entries: list[dict[str, Any]], summary: str) -> None:
-    assert status.engine_summary(entries) == summary
+    assert engine_status.engine_summary(entries) == summary
 
 
 # ---- retries and blockers of built engines ----------------------------------------------------
