@@ -42,6 +42,12 @@ def _plan(
     return EnginePlan(tuple(targets), (*unknowns, *rejected), source)
 
 
+# The fields engine_status writes: serving.py writes Available, Progressing, the replica
+# counts and the READY column, so none of those may come from here.
+ENGINE_FIELDS = {"observedGeneration", "phase", "engines", "engineSummary", "conditions"}
+INVALID_SPEC_FIELDS = ENGINE_FIELDS - {"engines"}
+
+
 def _status(
     plan: EnginePlan | None,
     states: Mapping[str, EngineState] | None = None,
@@ -50,12 +56,16 @@ def _status(
     spec_error: str | None = None,
     previous: Mapping[str, Any] | None = None,
     generation: int = 3,
-    desired: int = 2,
     now: dt.datetime = T0,
 ) -> dict[str, Any]:
-    return engine_status.engine_status(
-        plan, states or {}, blockers, spec_error, previous or {}, generation, desired, now
+    """engine_status as plan_service calls it, checked to have the shape production writes."""
+    st = engine_status.engine_status(
+        plan, states or {}, blockers, spec_error, previous or {}, generation, now
     )
+    assert set(st) == (ENGINE_FIELDS if spec_error is None else INVALID_SPEC_FIELDS)
+    kept = {c["type"] for c in (previous or {}).get("conditions") or []}
+    assert {c["type"] for c in st["conditions"]} == {"EngineReady"} | kept
+    return st
 
 
 def _cond(st: Mapping[str, Any], kind: str) -> dict[str, Any]:
@@ -126,13 +136,12 @@ def test_build_failed_message_is_the_failed_engines_message() -> None:
     assert _cond(st, "EngineReady")["message"] == FAILED.message
 
 
-def test_available_follows_engine_readiness() -> None:
-    ready = _status(_plan(SM90), {SM90.key: READY})
-    assert _cond(ready, "Available")["status"] == "False"
-    assert _cond(ready, "Available")["reason"] == "ServingNotManaged"
-    building = _status(_plan(SM90), {SM90.key: BUILDING})
-    assert _cond(building, "Available")["reason"] == "EnginesNotReady"
-    assert "once every engine is built" in _cond(building, "Available")["message"]
+def test_only_the_engine_fields_and_engine_ready_are_written() -> None:
+    # Available, Progressing, replicas and readySummary are serving.py's to write.
+    for states in ({SM90.key: READY}, {SM90.key: BUILDING}):
+        st = _status(_plan(SM90), states)
+        assert set(st) == ENGINE_FIELDS
+        assert [c["type"] for c in st["conditions"]] == ["EngineReady"]
 
 
 # ---- entries --------------------------------------------------------------------------------
@@ -326,21 +335,7 @@ def test_invalid_spec_keeps_other_conditions() -> None:
     assert _cond(st, "Available") == previous["conditions"][0]
 
 
-# ---- replicas, generations, transitions -----------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("previous", "desired", "ready", "summary"),
-    [
-        ({}, 2, 0, "0/2"),
-        ({"readyReplicas": 3}, 4, 3, "3/4"),
-        ({"readyReplicas": None}, 0, 0, "0/0"),
-    ],
-)
-def test_ready_summary(previous: dict[str, Any], desired: int, ready: int, summary: str) -> None:
-    st = _status(_plan(SM90), {SM90.key: READY}, previous=previous, desired=desired)
-    assert st["readyReplicas"] == ready
-    assert st["readySummary"] == summary
+# ---- generations, transitions --------------------------------------------------------------
 
 
 def test_conditions_keep_their_transition_time_across_reconciles() -> None:

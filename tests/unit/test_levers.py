@@ -423,7 +423,7 @@ def test_status_summary_counts_the_checkpoint() -> None:
         plan.targets[0].key: engine_state.EngineState("Ready", "built"),
         plan.checkpoint.key: engine_state.EngineState("Failed", "fetch failed: 401"),
     }
-    new = engine_status.engine_status(plan, states, [], None, {}, 1, 1, T0, serving_managed=True)
+    new = engine_status.engine_status(plan, states, [], None, {}, 1, T0)
     assert new["engineSummary"] == "Failed 1/2"
     ready = next(c for c in new["conditions"] if c["type"] == "EngineReady")
     assert (ready["status"], ready["reason"]) == ("False", "BuildFailed")

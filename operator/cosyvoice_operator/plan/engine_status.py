@@ -98,11 +98,10 @@ def engine_status(
     spec_error: str | None,
     previous: Mapping[str, Any],
     generation: int,
-    desired_replicas: int,
     now: dt.datetime,
-    serving_managed: bool = False,
 ) -> dict[str, Any]:
-    """The status fields this reconcile owns (engines, summary, phase, conditions)."""
+    """The engine part of the status: engines, summary, phase and EngineReady (serving.py
+    reports Available, Progressing, replicas and the READY column)."""
     prev_conditions = previous.get("conditions") or []
     if spec_error is not None:
         conds = conditions.merge(
@@ -219,35 +218,10 @@ def engine_status(
         phase = "Degraded" if any_ready else "Failed"
     else:
         phase = "Pending"
-    updates = [cond]
-    if serving_managed:
-        # serving.py reports Available, Progressing, replicas and the READY column.
-        return {
-            "observedGeneration": generation,
-            "phase": phase,
-            "engines": entries,
-            "engineSummary": summary,
-            "conditions": conditions.merge(prev_conditions, updates, generation, now),
-        }
-    updates.append(
-        {
-            "type": "Available",
-            "status": "False",
-            "reason": "EnginesNotReady" if not engines_ready else "ServingNotManaged",
-            "message": (
-                "serving starts once every engine is built"
-                if not engines_ready
-                else "engines are ready; this operator version does not deploy Triton yet"
-            ),
-        }
-    )
-    ready_replicas = int(previous.get("readyReplicas") or 0)
     return {
         "observedGeneration": generation,
         "phase": phase,
         "engines": entries,
         "engineSummary": summary,
-        "conditions": conditions.merge(prev_conditions, updates, generation, now),
-        "readyReplicas": ready_replicas,
-        "readySummary": f"{ready_replicas}/{desired_replicas}",
+        "conditions": conditions.merge(prev_conditions, [cond], generation, now),
     }

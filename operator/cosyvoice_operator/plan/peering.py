@@ -21,8 +21,6 @@ from typing import Any
 from cosyvoice_operator.api.conditions import parse_time
 
 PRIORITY_RANGE = (1, 1_000_000)
-GROUP, VERSION = "kopf.dev", "v1"
-CLUSTER_PLURAL, NAMESPACED_PLURAL = "clusterkopfpeerings", "kopfpeerings"
 
 
 def random_priority(rng: random.Random | None = None) -> int:

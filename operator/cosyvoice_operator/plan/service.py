@@ -317,7 +317,7 @@ def plan_service(
     try:
         svc = parse(body.get("spec") or {})
     except SpecError as exc:
-        new = engine_status.engine_status(None, {}, [], str(exc), previous, generation, 0, now)
+        new = engine_status.engine_status(None, {}, [], str(exc), previous, generation, now)
         # What serves keeps serving: the serving fields stay as they were.
         for key in (
             "replicas",
@@ -346,17 +346,7 @@ def plan_service(
         )
         states[target.key] = st
         creates.extend(made)
-    new = engine_status.engine_status(
-        plan,
-        states,
-        blockers,
-        None,
-        previous,
-        generation,
-        svc.replicas,
-        now,
-        serving_managed=True,
-    )
+    new = engine_status.engine_status(plan, states, blockers, None, previous, generation, now)
     served = serving.plan_serving(body, svc, plan, states, world, policy.serving, refused)
     new.update(served.status)
     new["conditions"] = conditions.merge(new["conditions"], served.conditions, generation, now)

@@ -15,8 +15,6 @@ import re
 
 import kopf
 
-FORMATS = ("text", "json")
-
 # Credential-shaped text, in the forms it takes in URLs, headers, settings, env, JSON and
 # Python reprs. Kept in step with engine-builder/cosyvoice_engine_builder/redaction.py's
 # SHAPES (the builder ships without the operator; tests/unit/test_logs.py checks both).

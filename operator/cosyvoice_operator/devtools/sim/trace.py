@@ -21,7 +21,7 @@ import csv
 import datetime as dt
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -277,14 +277,3 @@ def offered_load(
     hi = bisect.bisect_left(trace.arrivals, end)
     work = sum(service_seconds(a) for a in trace.audio[lo:hi])
     return work / max(end - start, 1e-9)
-
-
-def sizes_summary(values: Sequence[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    if not ordered:
-        return {"mean": 0.0, "p50": 0.0, "p95": 0.0}
-    return {
-        "mean": sum(ordered) / len(ordered),
-        "p50": ordered[len(ordered) // 2],
-        "p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
-    }
