@@ -78,6 +78,12 @@ PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
 PROMETHEUS_OPERATOR_ZIP_SHA256 = "0bdb88ed823d0f2e86cf909638439b6ad1da744a228172c7411d9987527dc5d1"
 PROMETHEUS_OPERATOR_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
 
+# What a cluster with the Prometheus Operator's CRDs serves; `helm template` knows no cluster,
+# so it is told (`helm lint` cannot be: it gets monitoring.requireCRDs=false instead).
+MONITORING_API = "monitoring.coreos.com/v1"
+NO_CRD_CHECK = "monitoring.requireCRDs=false"
+RUNBOOK = REPO / "docs" / "runbook.md"
+
 ALL_MONITORING = (
     'monitoring={"serviceMonitor":{"enabled":true},"podMonitor":{"enabled":true},'
     '"prometheusRule":{"enabled":true},"dashboard":{"enabled":true}}'
@@ -107,7 +113,7 @@ def render_chart(
     sets = [a for v in values for a in ("--set-json", v)]
     out = run_helm(
         helm, "template", release, str(CHART), "-n", namespace, "--kube-version", KUBE_VERSION,
-        *sets,
+        "--api-versions", MONITORING_API, *sets,
     ).stdout  # fmt: skip
     return [d for d in yaml.safe_load_all(out) if d]
 
@@ -176,8 +182,18 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_lint_with_everything_on(helm: Path) -> None:
     for values in (
-        (ALL_MONITORING, 'peering={"enabled":true,"installCRDs":true}', 'logFormat="json"'),
-        (ALL_MONITORING, 'watchNamespaces=["tts-a"]', 'metrics={"enabled":true,"port":9100}'),
+        (
+            ALL_MONITORING,
+            NO_CRD_CHECK,
+            'peering={"enabled":true,"installCRDs":true}',
+            'logFormat="json"',
+        ),
+        (
+            ALL_MONITORING,
+            NO_CRD_CHECK,
+            'watchNamespaces=["tts-a"]',
+            'metrics={"enabled":true,"port":9100}',
+        ),
     ):
         sets = [a for v in values for a in ("--set-json", v)]
         lint = run_helm(helm, "lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, *sets)
@@ -206,6 +222,57 @@ def test_a_typo_in_values_fails_before_anything_is_installed(
     assert proc.returncode != 0, f"{value} rendered:\n{proc.stdout[:500]}"
     assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
     assert message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "monitoring.serviceMonitor.enabled",
+        "monitoring.podMonitor.enabled",
+        "monitoring.prometheusRule.enabled",
+    ],
+)
+def test_monitoring_without_the_prometheus_operator_says_what_to_install(
+    helm: Path, value: str
+) -> None:
+    """A cluster without monitoring.coreos.com/v1 (helm template without --api-versions is
+    one): the chart refuses with what to install, not the API server's "no matches for kind"."""
+    proc = run_helm(
+        helm, "template", "cvo", str(CHART), "--kube-version", KUBE_VERSION,
+        "--set", f"{value}=true", check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0, f"{value} rendered without the CRDs:\n{proc.stdout[:300]}"
+    assert f"{value}=true needs the Prometheus Operator's CRDs" in proc.stderr, proc.stderr
+    assert "kube-prometheus-stack" in proc.stderr and "--api-versions" in proc.stderr
+    # The dashboard is a ConfigMap: it needs no CRD.
+    docs = run_helm(
+        helm, "template", "cvo", str(CHART), "--kube-version", KUBE_VERSION,
+        "--set", "monitoring.dashboard.enabled=true",
+    ).stdout  # fmt: skip
+    assert "kind: ConfigMap" in docs
+
+
+def test_every_alert_links_its_runbook_section(helm: Path) -> None:
+    found = alerts(render_chart(helm, 'monitoring={"prometheusRule":{"enabled":true}}'))
+    home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"]
+    sections = {
+        line[3:].strip().lower() for line in RUNBOOK.read_text().splitlines() if line[:3] == "## "
+    }
+    for name, rule in found.items():
+        url = rule["annotations"]["runbook_url"]
+        assert url == f"{home}/blob/main/docs/runbook.md#{name.lower()}", url
+        assert name.lower() in sections, f"docs/runbook.md has no section {name}"
+    assert len(sections) == len(found), "a runbook section without its alert"
+    moved = alerts(
+        render_chart(
+            helm,
+            'monitoring={"prometheusRule":{"enabled":true,'
+            '"runbookUrl":"https://wiki.example/tts/runbook"}}',
+        )
+    )
+    assert {r["annotations"]["runbook_url"] for r in moved.values()} == {
+        f"https://wiki.example/tts/runbook#{name.lower()}" for name in moved
+    }
 
 
 def test_every_default_value_is_in_the_schema(helm: Path) -> None:

@@ -202,3 +202,17 @@ app.kubernetes.io/component: operator-metrics
 {{- define "cosyvoice-operator.operatorJob" -}}
 {{- default (include "cosyvoice-operator.metricsServiceName" .) .Values.monitoring.prometheusRule.operatorJob }}
 {{- end }}
+
+{{/*
+ServiceMonitor, PodMonitor and PrometheusRule are kinds of the Prometheus Operator's CRDs
+(monitoring.coreos.com/v1). Without them the API server would refuse the release with a bare
+"no matches for kind": say what to install instead. Called as (list $ "the value that asked").
+`helm template` knows no cluster: pass --api-versions monitoring.coreos.com/v1 (or set
+monitoring.requireCRDs=false, as `helm lint` has no such flag).
+*/}}
+{{- define "cosyvoice-operator.requireMonitoringCRDs" -}}
+{{- $root := index . 0 }}
+{{- if and $root.Values.monitoring.requireCRDs (not ($root.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")) }}
+{{- fail (printf "%s=true needs the Prometheus Operator's CRDs (API monitoring.coreos.com/v1: ServiceMonitor, PodMonitor, PrometheusRule), and this cluster does not serve them. Install the Prometheus Operator first (for example the kube-prometheus-stack chart, or only its CRDs: the prometheus-operator-crds chart of prometheus-community), or leave %s off. With helm template, pass --api-versions monitoring.coreos.com/v1." (index . 1) (index . 1)) }}
+{{- end }}
+{{- end }}
