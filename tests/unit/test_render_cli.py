@@ -68,12 +68,20 @@ def test_bad_input_is_one_clear_error(
             {"autoscaling": {"enabled": True, "scaleUp": {"stepz": 2}}},
             "spec.autoscaling.scaleUp.stepz",
         ),
-        ({"serving": {"tolerations": [{"key": "a", "operater": "Exists"}]}}, None),
+        # Tolerations and affinity are typed since issue 21 (no free-form subtree left).
+        (
+            {"serving": {"tolerations": [{"key": "a", "operater": "Exists"}]}},
+            "spec.serving.tolerations[0].operater",
+        ),
+        (
+            {"serving": {"affinity": {"nodeAfinity": {}}}},
+            "spec.serving.affinity.nodeAfinity",
+        ),
         ({"replica": 2}, "spec.replica"),
     ],
 )
 def test_unknown_fields_are_refused_as_the_api_server_does(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], patch: dict[str, object], path: str | None
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], patch: dict[str, object], path: str
 ) -> None:
     body = yaml.safe_load((REPO / "examples/cosyvoice2.yaml").read_text())
     for key, value in patch.items():
@@ -86,11 +94,8 @@ def test_unknown_fields_are_refused_as_the_api_server_does(
     manifest.write_text(yaml.safe_dump(body))
     code = main(["render", "-f", str(manifest), "--gpu-product", "NVIDIA-L20"])
     err = capsys.readouterr().err
-    if path is None:  # tolerations are core/v1 Tolerations, which the CRD leaves free-form
-        assert code == 0, err
-    else:
-        assert code == 2
-        assert err == f'error: {manifest}: unknown field "{path}" (kubectl explain cvs.spec)\n'
+    assert code == 2
+    assert err == f'error: {manifest}: unknown field "{path}" (kubectl explain cvs.spec)\n'
 
 
 def test_every_example_passes_the_strict_check(capsys: pytest.CaptureFixture[str]) -> None:
