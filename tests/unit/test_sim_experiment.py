@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import json
 import random
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from cosyvoice_operator.cli.main import main
+from cosyvoice_operator.devtools.sim import command as sim_command
 from cosyvoice_operator.devtools.sim import trace
 from cosyvoice_operator.devtools.sim.experiment import Summary, select
 
@@ -273,10 +275,32 @@ def test_a_trace_without_timestamp_is_refused(
     assert "no TIMESTAMP column" in capsys.readouterr().err
 
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared/traces/azure_llm_2023_conv.csv"
+SHARED_TRACE = Path(__file__).resolve().parents[3] / "shared/traces/azure_llm_2023_conv.csv"
 
 
-@pytest.mark.skipif(not DEFAULT_TRACE.is_file(), reason="the conversation trace is not here")
+def test_the_conversation_trace_ships_in_the_package_with_its_attribution() -> None:
+    """`sim` runs from a plain clone: the trace is package data, not a file beside the checkout."""
+    packaged = sim_command.default_trace()
+    assert packaged == sim_command.PACKAGED_TRACE and packaged.is_file()
+    loaded = trace.load_csv(packaged)
+    assert loaded.name == "azure_llm_2023_conv.csv" and len(loaded) == 19_366
+    notice = (packaged.parent / "README.md").read_text()
+    for needed in ("Creative Commons Attribution 4.0", "Splitwise", "ISCA 2024"):
+        assert needed.lower() in notice.lower(), needed
+    if SHARED_TRACE.is_file():  # the copy is the data set, byte for byte
+        assert gzip.decompress(packaged.read_bytes()) == SHARED_TRACE.read_bytes()
+
+
+def test_a_missing_trace_says_where_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(sim_command.DEFAULT_TRACE_ENV, str(tmp_path / "nope.csv"))
+    assert main(["sim", "--small"]) == 2
+    err = capsys.readouterr().err
+    assert "COSYVOICE_SIM_TRACE names" in err and "AzureLLMInferenceTrace_conv.csv" in err
+    assert "CC-BY-4.0" in err and len(err.strip().splitlines()) == 1
+
+
 def test_the_default_benchmark_at_ci_size(capsys: pytest.CaptureFixture[str]) -> None:
     """`cosyvoice-operator sim --small`: the conversation trace split in time, a 3-hour day and
     an outage, one seed, the small sweep (~10 s)."""

@@ -13,12 +13,16 @@ from pathlib import Path
 DEFAULT_TRACE_ENV = "COSYVOICE_SIM_TRACE"
 
 
+# The Azure LLM inference trace 2023 (conversation), shipped in the package, gzipped; CC-BY-4.0,
+# Patel et al., "Splitwise", ISCA 2024: data/README.md has the attribution and the source.
+PACKAGED_TRACE = Path(__file__).resolve().parent / "data" / "azure_llm_2023_conv.csv.gz"
+
+
 def default_trace() -> Path:
-    """The conversation trace: ``$COSYVOICE_SIM_TRACE``, else ``../shared/traces/`` beside
-    the checkout."""
+    """The conversation trace: ``$COSYVOICE_SIM_TRACE``, else the copy in the package."""
     if os.environ.get(DEFAULT_TRACE_ENV):
         return Path(os.environ[DEFAULT_TRACE_ENV])
-    return Path(__file__).resolve().parents[4].parent / "shared/traces/azure_llm_2023_conv.csv"
+    return PACKAGED_TRACE
 
 
 def _positive(kind: type[float] | type[int]) -> Callable[[str], float | int]:
@@ -147,9 +151,17 @@ def run(args: argparse.Namespace) -> int:
         else:
             trace = default_trace()
             if not trace.is_file():
+                where = (
+                    f"${DEFAULT_TRACE_ENV} names {trace}, which is not a file"
+                    if os.environ.get(DEFAULT_TRACE_ENV)
+                    else f"the packaged trace {trace} is missing (reinstall the package)"
+                )
                 raise TraceError(
-                    f"{trace}: the default trace is missing; set {DEFAULT_TRACE_ENV} or give "
-                    "--train and --eval"
+                    f"{where}; the default trace is the Azure LLM inference trace 2023, "
+                    "conversation service (CC-BY-4.0, Patel et al., Splitwise, ISCA 2024): "
+                    "https://github.com/Azure/AzurePublicDataset, "
+                    f"data/AzureLLMInferenceTrace_conv.csv; point {DEFAULT_TRACE_ENV} at it, or "
+                    "give --train and --eval"
                 )
             exp = ex.default_experiment(str(trace), args.multiplier, args.seeds, args.small)
         if args.small:

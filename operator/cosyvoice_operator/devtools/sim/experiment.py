@@ -137,7 +137,7 @@ def default_experiment(
 ) -> Experiment:
     """The conversation trace split in time (training: the first half), the second half as
     it is, a synthesized day, a burst, a step, a ramp and a Prometheus outage on it."""
-    name = Path(path).name
+    name = Path(path).name.removesuffix(".gz")  # the same trace, compressed or not
     ev = functools.partial(TraceRecipe, path=path, part="eval", multiplier=multiplier)
     evals = [
         ev(name=f"{name}#eval"),

@@ -2,8 +2,8 @@
 
 Everything here is pure and seeded: the same arguments give the same trace.
 
-- `load_csv` reads any CSV with a ``TIMESTAMP`` column and a size column (for the Azure LLM
-  trace, ``GeneratedTokens``: seconds of audio = tokens / 25).
+- `load_csv` reads any CSV (or gzipped CSV) with a ``TIMESTAMP`` column and a size column
+  (for the Azure LLM trace, ``GeneratedTokens``: seconds of audio = tokens / 25).
 - `split` cuts a trace in time (the first part for training, the rest for evaluation).
 - `multiply` scales the load by a factor while keeping its minute-scale shape: each arrival
   is kept, and copies of it are added at random offsets within ``COPY_JITTER_S`` (so the
@@ -19,11 +19,13 @@ from __future__ import annotations
 import bisect
 import csv
 import datetime as dt
+import gzip
 import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TextIO
 
 # Copies made by `multiply` / `modulate` land within this many seconds of the original.
 COPY_JITTER_S = 30.0
@@ -88,7 +90,11 @@ def load_csv(
     the line for a missing file, a missing column or a value that cannot be read."""
     source = Path(path)
     try:
-        handle = source.open(newline="")
+        handle: TextIO = (
+            gzip.open(source, "rt", newline="")  # noqa: SIM115 (closed by the with below)
+            if source.suffix == ".gz"
+            else source.open(newline="")
+        )
     except OSError as exc:
         raise TraceError(f"{source}: cannot read the trace: {exc.strerror}") from None
     times: list[float] = []
@@ -120,7 +126,8 @@ def load_csv(
     start = times[order[0]]
     arrivals = tuple(times[i] - start for i in order)
     audio = tuple(max(sizes[i], 0.04) for i in order)  # at least one speech token of audio
-    return Trace(source.name, arrivals, audio, duration_s=arrivals[-1] + 1.0)
+    name = source.name.removesuffix(".gz")  # the same trace, compressed or not
+    return Trace(name, arrivals, audio, duration_s=arrivals[-1] + 1.0)
 
 
 def split(trace: Trace, fraction: float = 0.5) -> tuple[Trace, Trace]:
