@@ -89,6 +89,39 @@ def test_json_format_and_redaction_on_every_handler() -> None:
         root.handlers[:], root.level = saved
 
 
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_lines_about_an_object_carry_its_reference_and_names_are_whole(log_format: str) -> None:
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    try:
+        logs.configure(log_format)
+        stream = io.StringIO()
+        [kopf_handler] = [h for h in root.handlers if type(h).__module__.startswith("kopf")]
+        assert isinstance(kopf_handler, logging.StreamHandler)
+        kopf_handler.setStream(stream)
+        log = logging.getLogger("cosyvoice_operator.shell.autoscale_loop")
+        with logs.about("CosyVoiceService", "tts", "zh", "tts.cosyvoice.dev/v1alpha1"):
+            log.warning("holding: no metrics")
+        log.warning("not about any object")
+        out = stream.getvalue().splitlines()
+        if log_format == "json":
+            first, second = (json.loads(line) for line in out)
+            assert first["object"] == {
+                "apiVersion": "tts.cosyvoice.dev/v1alpha1",
+                "kind": "CosyVoiceService",
+                "namespace": "tts",
+                "name": "zh",
+            }
+            assert "object" not in second
+        else:
+            assert "cosyvoice_operator.shell.autoscale_loop [WARNING ] [tts/zh] holding" in out[0]
+            assert out[1].endswith(
+                "cosyvoice_operator.shell.autoscale_loop [WARNING ] not about any object"
+            )
+    finally:
+        root.handlers[:], root.level = saved
+
+
 def test_the_builders_shapes_are_the_operators() -> None:
     """The builder ships without the operator: its copy of the patterns must not drift."""
     from cosyvoice_engine_builder import redaction

@@ -10,10 +10,25 @@ no Secret, but a URL it was given may carry credentials (a Prometheus URL with
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import re
+from collections.abc import Iterator
+from typing import Any
 
 import kopf
+
+# kopf's FULL text format cuts logger names to 20 characters ("cosyvoice_operator.s"): the
+# same line with the whole name.
+TEXT_FORMAT = "[%(asctime)s] %(name)s [%(levelname)-8.8s] %(message)s"
+
+# The object the current asyncio task works on (a service, while a worker runs its pass): every
+# line logged meanwhile carries it, as kopf's own per-object lines do (JSON: "object":
+# {apiVersion, kind, namespace, name}; text: a "[namespace/name]" prefix).
+_OBJECT: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "cosyvoice_log_object", default=None
+)
 
 # Credential-shaped text, in the forms it takes in URLs, headers, settings, env, JSON and
 # Python reprs. Kept in step with engine-builder/cosyvoice_engine_builder/redaction.py's
@@ -71,12 +86,37 @@ class Redact(logging.Filter):
         return True
 
 
+@contextlib.contextmanager
+def about(kind: str, namespace: str, name: str, api_version: str = "") -> Iterator[None]:
+    """Lines logged inside (by this task and the tasks it starts) concern this object."""
+    ref = {"kind": kind, "namespace": namespace, "name": name}
+    if api_version:
+        ref["apiVersion"] = api_version
+    token = _OBJECT.set(ref)
+    try:
+        yield
+    finally:
+        _OBJECT.reset(token)
+
+
+class ObjectReference(logging.Filter):
+    """Gives a record the object of :func:`about` as kopf's ``k8s_ref``, unless it has one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ref = _OBJECT.get()
+        if ref is not None and not hasattr(record, "k8s_ref"):
+            record.k8s_ref = ref
+        return True
+
+
 def configure(log_format: str = "text", verbose: bool = False) -> None:
-    """kopf's logging in the chosen format, with :class:`Redact` on every handler."""
-    kopf.configure(
-        verbose=verbose,
-        log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL,
-    )
+    """kopf's logging in the chosen format, with :class:`Redact` and :class:`ObjectReference`
+    on every handler."""
+    json_lines = log_format == "json"
+    chosen: Any = kopf.LogFormat.JSON if json_lines else TEXT_FORMAT  # kopf takes a str too
+    kopf.configure(verbose=verbose, log_format=chosen, log_prefix=not json_lines)
     for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, ObjectReference) for f in handler.filters):
+            handler.addFilter(ObjectReference())
         if not any(isinstance(f, Redact) for f in handler.filters):
             handler.addFilter(Redact())
