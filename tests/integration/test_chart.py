@@ -176,10 +176,11 @@ def test_lint_and_template(helm: Path, values: tuple[str, ...]) -> None:
     # no metrics port, nothing a Prometheus could be pointed at in vain.
     assert not kinds & {"ServiceMonitor", "PodMonitor", "Service"}
     policy_kinds = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert policy_kinds <= kinds  # the operator's own policy is there in every case
     if 'imagePolicy={"enabled":false}' in values:
-        assert not kinds & policy_kinds
+        assert not image_policies(docs)
     else:
-        assert policy_kinds <= kinds
+        assert len(image_policies(docs)) == 2
     [deployment] = of_kind(docs, "Deployment")
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     assert [port["name"] for port in container["ports"]] == ["health"]
@@ -328,6 +329,21 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
     assert pod["tolerations"] == [{"key": "ops", "operator": "Exists"}]
 
 
+def image_policies(docs: list[dict[str, Any]], suffix: str = "-images") -> list[dict[str, Any]]:
+    """The chart's admission policy and binding of that name (images: services' images;
+    operator: what the operator's own ServiceAccount writes)."""
+    return [
+        d
+        for d in docs
+        if d["kind"].startswith("ValidatingAdmissionPolicy")
+        and d["metadata"]["name"].endswith(suffix)
+    ]
+
+
+def of_policy(docs: list[dict[str, Any]], kind: str, suffix: str = "-images") -> list[Any]:
+    return [d for d in image_policies(docs, suffix) if d["kind"] == kind]
+
+
 def cel_prefixes(policy: dict[str, Any]) -> list[str]:
     """The prefixes embedded in the policy's CEL (a JSON list is a CEL list of strings)."""
     [variable] = [v for v in policy["spec"]["variables"] if v["name"] == "allowedPrefixes"]
@@ -338,8 +354,8 @@ def cel_prefixes(policy: dict[str, Any]) -> list[str]:
 
 def test_image_policy_renders_an_admission_policy_and_its_binding(helm: Path) -> None:
     docs = render(helm)
-    [policy] = of_kind(docs, "ValidatingAdmissionPolicy")
-    [binding] = of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    [policy] = of_policy(docs, "ValidatingAdmissionPolicy")
+    [binding] = of_policy(docs, "ValidatingAdmissionPolicyBinding")
     assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
@@ -372,7 +388,7 @@ def test_image_policy_renders_an_admission_policy_and_its_binding(helm: Path) ->
 
 def test_image_policy_binding_is_scoped_to_the_served_namespaces(helm: Path) -> None:
     docs = render(helm, 'watchNamespaces=["tts-a","tts-b"]')
-    [binding] = of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    [binding] = of_policy(docs, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["matchResources"] == {
         "namespaceSelector": {
             "matchExpressions": [
@@ -390,16 +406,50 @@ def test_image_policy_prefixes_are_quoted_safely(helm: Path) -> None:
     # Characters that mean something in YAML, CEL or JSON reach the CEL list as they are.
     odd = ['registry.example/a"b\\c/', "registry.example/x'||true||'/", "r.example/#:"]
     docs = render(helm, "imagePolicy=" + json.dumps({"allowedPrefixes": odd}))
-    [policy] = of_kind(docs, "ValidatingAdmissionPolicy")
+    [policy] = of_policy(docs, "ValidatingAdmissionPolicy")
     assert cel_prefixes(policy) == odd
+    [operator] = of_policy(docs, "ValidatingAdmissionPolicy", "-operator")
+    assert cel_prefixes(operator) == odd
     assert env_of(docs)["COSYVOICE_ALLOWED_IMAGE_PREFIXES"] == ",".join(odd)
 
 
 def test_image_policy_disabled_renders_no_policy_and_no_allowlist(helm: Path) -> None:
     docs = render(helm, 'imagePolicy={"enabled":false,"allowedPrefixes":[]}')
-    assert not of_kind(docs, "ValidatingAdmissionPolicy")
-    assert not of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    assert not image_policies(docs)
     assert "COSYVOICE_ALLOWED_IMAGE_PREFIXES" not in env_of(docs)
+    # The operator's own policy stays, without an image list.
+    [operator] = of_policy(docs, "ValidatingAdmissionPolicy", "-operator")
+    assert cel_prefixes(operator) == []
+
+
+def test_the_operator_policy_matches_only_the_operators_service_account(helm: Path) -> None:
+    """Issue 21 M7 (the API server's side: tests/integration/test_operator_policy.py)."""
+    docs = render(helm, 'config={"buildServiceAccount":"engine-builder"}')
+    [policy] = of_policy(docs, "ValidatingAdmissionPolicy", "-operator")
+    [binding] = of_policy(docs, "ValidatingAdmissionPolicyBinding", "-operator")
+    [condition] = policy["spec"]["matchConditions"]
+    account = "system:serviceaccount:cosyvoice-system:cvo-cosyvoice-operator"
+    assert condition["expression"] == f"request.userInfo.username == '{account}'"
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert json.loads(variables["allowedAccounts"]) == ["", "default", "engine-builder"]
+    assert cel_prefixes(policy) == DEFAULT_PREFIXES
+    kinds = {
+        (rule["apiGroups"][0], resource)
+        for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+        for resource in rule["resources"]
+    }
+    # Every kind the operator may create, patch or delete (NAMESPACED_RULES).
+    writable = {
+        (group, resource)
+        for group, resource, verbs in NAMESPACED_RULES
+        if verbs & {"create", "patch", "delete"} and "/" not in resource and resource != "events"
+    }
+    assert writable <= kinds
+    assert not image_policies(render(helm, 'operatorPolicy={"enabled":false}'), "-operator")
 
 
 @pytest.mark.parametrize(
@@ -493,6 +543,8 @@ def test_install_creates_the_objects_and_uninstall_removes_them(
         ("clusterrolebinding", full),
         ("validatingadmissionpolicy", f"{full}-images"),
         ("validatingadmissionpolicybinding", f"{full}-images"),
+        ("validatingadmissionpolicy", f"{full}-operator"),
+        ("validatingadmissionpolicybinding", f"{full}-operator"),
     ]
     for obj in objects:
         assert exists(cluster, *obj), f"{obj[0]} {full} was not created"
