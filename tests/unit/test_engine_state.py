@@ -255,6 +255,23 @@ def test_max_attempts_one_never_retries() -> None:
     assert "attempt 1/1 failed" in st.message and "Gave up" in st.message
 
 
+def test_the_builders_exit_2_is_final_at_the_first_attempt() -> None:
+    """Issue 21 L1: a Job failed by its podFailurePolicy (exit 2, bad input) is not retried:
+    each retry would be scheduled on a GPU node only to fail the same way."""
+    failed = job(
+        IDENT,
+        1,
+        failed_at=T0,
+        failed_reason="PodFailurePolicy",
+        failed_message="Container builder for pod x failed with exit code 2",
+    )
+    for now in (T0, T0 + 60 * MINUTE):
+        st = assess(IDENT, None, [failed], [], now, SETTINGS)
+        assert (st.state, st.action, st.next_retry) == ("Failed", "record-failure", None)
+        assert "attempt 1/3 failed (PodFailurePolicy)" in st.message
+        assert "a retry cannot fix this" in st.message and "Gave up" in st.message
+
+
 def test_failure_without_transition_time_retries_from_now() -> None:
     failed = job(IDENT, 1, failed_at=T0)
     for cond in failed["status"]["conditions"]:

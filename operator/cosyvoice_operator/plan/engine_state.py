@@ -216,7 +216,13 @@ def assess(
         )
         if why:
             base += f": {why}"
-        if attempt >= settings.max_attempts:
+        # The builder's exit 2 (bad input: a repository, revision or path that does not
+        # exist, credentials refused) fails the Job through its podFailurePolicy, whose
+        # condition reason is PodFailurePolicy: another attempt would fail the same way.
+        final = failed.get("reason") == "PodFailurePolicy"
+        if final:
+            base += ". The builder says a retry cannot fix this"
+        if final or attempt >= settings.max_attempts:
             # Recorded, so that giving up outlives the Jobs' TTL instead of starting over.
             return EngineState(
                 "Failed",
