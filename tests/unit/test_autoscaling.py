@@ -26,9 +26,9 @@ from cosyvoice_operator.autoscaling.policy import (
     Observation,
     Recommendation,
     decide,
-    queue_seconds,
-    schedule_floor,
 )
+from cosyvoice_operator.autoscaling.queueing import queue_seconds
+from cosyvoice_operator.autoscaling.schedules import schedule_floor
 
 T0 = dt.datetime(2025, 1, 8, 12, 0, tzinfo=dt.UTC)  # a Wednesday
 SLOTS = 10

@@ -318,7 +318,21 @@ def _stream_chunking(s: Mapping[str, Any]) -> StreamChunking:
 
 def parse(spec: Mapping[str, Any]) -> ServiceSpec:
     """A raw ``.spec`` (as the API server stores it) into a validated ServiceSpec."""
-    m = _obj(spec, "model", "spec")
+    model = _model(_obj(spec, "model", "spec"))
+    engine = _engine(_obj(spec, "engine", "spec"))
+    _check_engine_combinations(model, engine)
+    serving = _serving(_obj(spec, "serving", "spec"), engine)
+    autoscaling = _autoscaling(_obj(spec, "autoscaling", "spec"))
+    return ServiceSpec(
+        model=model,
+        engine=engine,
+        serving=serving,
+        replicas=_int(spec, "replicas", "spec", 1, 0, 10**4),
+        autoscaling=autoscaling,
+    )
+
+
+def _model(m: Mapping[str, Any]) -> ModelSpec:
     variant = _enum(m, "variant", "spec.model", VARIANTS, None)
     uri = _str(m, "uri")
     if not _URI.match(uri):
@@ -326,7 +340,7 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
             "spec.model.uri",
             f"must be hf://ORG/NAME, s3://BUCKET/PATH or pvc://CLAIM/PATH, got {uri!r}",
         )
-    model = ModelSpec(
+    return ModelSpec(
         variant,
         uri,
         _str(m, "revision"),
@@ -334,12 +348,13 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
         _enum(m, "llmRuntime", "spec.model", LLM_RUNTIMES, "tensorrt-llm"),
     )
 
-    e = _obj(spec, "engine", "spec")
+
+def _engine(e: Mapping[str, Any]) -> EngineSpec:
     tp = _int(e, "tensorParallelSize", "spec.engine", 1, 1, 8)
     if tp not in (1, 2, 4, 8):
         raise SpecError("spec.engine.tensorParallelSize", f"must be 1, 2, 4 or 8, got {tp}")
     products = e.get("gpuProducts") or []
-    engine = EngineSpec(
+    return EngineSpec(
         precision=_enum(e, "precision", "spec.engine", PRECISIONS, "bfloat16"),
         tensor_parallel_size=tp,
         max_batch_size=_int(e, "maxBatchSize", "spec.engine", 16, 1, 256),
@@ -350,9 +365,10 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
         kv_cache_type=_enum(e, "kvCacheType", "spec.engine", KV_CACHE_TYPES, "auto"),
         smooth_quant=_smooth_quant(e),
     )
-    _check_engine_combinations(model, engine)
 
-    s = _obj(spec, "serving", "spec")
+
+def _serving(s: Mapping[str, Any], engine: EngineSpec) -> ServingSpec:
+    tp = engine.tensor_parallel_size
     gpus = _int(s, "gpusPerReplica", "spec.serving", 1, 1, 64)
     if gpus % tp:
         raise SpecError(
@@ -360,25 +376,8 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
             f"must be a positive multiple of spec.engine.tensorParallelSize ({tp}), got {gpus}",
         )
     db = _obj(s, "dynamicBatching", "spec.serving")
-    raw_sizes = db.get("preferredBatchSizes", (4, 8, 16))
-    if not isinstance(raw_sizes, list | tuple) or any(
-        isinstance(x, bool) or not isinstance(x, int) for x in raw_sizes
-    ):
-        raise SpecError(
-            "spec.serving.dynamicBatching.preferredBatchSizes",
-            f"must be a list of integers, got {raw_sizes!r}",
-        )
-    sizes = tuple(raw_sizes)
-    if any(b > engine.max_batch_size or b < 1 for b in sizes):
-        raise SpecError(
-            "spec.serving.dynamicBatching.preferredBatchSizes",
-            f"every entry must be between 1 and spec.engine.maxBatchSize ({engine.max_batch_size})",
-        )
-    if any(a >= b for a, b in itertools.pairwise(sizes)):
-        raise SpecError(
-            "spec.serving.dynamicBatching.preferredBatchSizes", "must be strictly increasing"
-        )
-    serving = ServingSpec(
+    sizes = _preferred_batch_sizes(db, engine.max_batch_size)
+    return ServingSpec(
         image=_str(s, "image"),
         gpus_per_replica=gpus,
         instances_per_gpu=_int(s, "instancesPerGpu", "spec.serving", 1, 1, 8),
@@ -398,7 +397,25 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
         stream_chunking=_stream_chunking(s),
     )
 
-    a = _obj(spec, "autoscaling", "spec")
+
+def _preferred_batch_sizes(db: Mapping[str, Any], max_batch_size: int) -> tuple[int, ...]:
+    path = "spec.serving.dynamicBatching.preferredBatchSizes"
+    raw_sizes = db.get("preferredBatchSizes", (4, 8, 16))
+    if not isinstance(raw_sizes, list | tuple) or any(
+        isinstance(x, bool) or not isinstance(x, int) for x in raw_sizes
+    ):
+        raise SpecError(path, f"must be a list of integers, got {raw_sizes!r}")
+    sizes = tuple(raw_sizes)
+    if any(b > max_batch_size or b < 1 for b in sizes):
+        raise SpecError(
+            path, f"every entry must be between 1 and spec.engine.maxBatchSize ({max_batch_size})"
+        )
+    if any(a >= b for a, b in itertools.pairwise(sizes)):
+        raise SpecError(path, "must be strictly increasing")
+    return sizes
+
+
+def _autoscaling(a: Mapping[str, Any]) -> AutoscalingSpec:
     up = _obj(a, "scaleUp", "spec.autoscaling")
     down = _obj(a, "scaleDown", "spec.autoscaling")
     min_r = _int(a, "minReplicas", "spec.autoscaling", 1, 0, 10**4)
@@ -407,22 +424,11 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
         raise SpecError(
             "spec.autoscaling.minReplicas", f"must be <= spec.autoscaling.maxReplicas ({max_r})"
         )
-    schedules = []
-    for i, raw in enumerate(a.get("schedules") or []):
-        path = f"spec.autoscaling.schedules[{i}]"
-        sched = Schedule(
-            name=_str(raw, "name"),
-            start=_str(raw, "start"),
-            end=_str(raw, "end"),
-            min_replicas=_int(raw, "minReplicas", path, 0, 0, max_r),
-            days_of_week=tuple(raw.get("daysOfWeek") or Schedule.days_of_week),
-            timezone=_str(raw, "timezone", "UTC") or "UTC",
-        )
-        schedules.append(sched)
+    schedules = _schedules(a, max_r)
     target = a.get("targetQueueLatencyMilliseconds", 50)
     if isinstance(target, bool) or not isinstance(target, int | float) or target <= 0:
         raise SpecError("spec.autoscaling.targetQueueLatencyMilliseconds", "must be a number > 0")
-    autoscaling = AutoscalingSpec(
+    return AutoscalingSpec(
         enabled=bool(a.get("enabled", False)),
         mode=_enum(a, "mode", "spec.autoscaling", MODES, "Active"),
         min_replicas=min_r,
@@ -440,12 +446,22 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
             _int(down, "maxStepReplicas", "spec.autoscaling.scaleDown", 1, 1, 10**4),
         ),
         prometheus_url=_str(a, "prometheusUrl"),
-        schedules=tuple(schedules),
+        schedules=schedules,
     )
-    return ServiceSpec(
-        model=model,
-        engine=engine,
-        serving=serving,
-        replicas=_int(spec, "replicas", "spec", 1, 0, 10**4),
-        autoscaling=autoscaling,
-    )
+
+
+def _schedules(a: Mapping[str, Any], max_replicas: int) -> tuple[Schedule, ...]:
+    schedules = []
+    for i, raw in enumerate(a.get("schedules") or []):
+        path = f"spec.autoscaling.schedules[{i}]"
+        schedules.append(
+            Schedule(
+                name=_str(raw, "name"),
+                start=_str(raw, "start"),
+                end=_str(raw, "end"),
+                min_replicas=_int(raw, "minReplicas", path, 0, 0, max_replicas),
+                days_of_week=tuple(raw.get("daysOfWeek") or Schedule.days_of_week),
+                timezone=_str(raw, "timezone", "UTC") or "UTC",
+            )
+        )
+    return tuple(schedules)

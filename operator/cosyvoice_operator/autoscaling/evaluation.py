@@ -142,100 +142,30 @@ def status_update(
     """The status changes of one evaluation (empty when nothing worth writing changed), and
     the Events to post (type, reason, message) once they are written."""
     prev = dict(previous.get("autoscaling") or {})
-    active = svc.autoscaling.mode == "Active" and not found_conflicts
     new = dict(prev)
-    if svc.autoscaling.mode == "Active" and not found_conflicts:
-        new["desiredReplicas"] = decision.replicas
-    elif svc.autoscaling.mode == "DryRun":
-        # Reported, never applied: the Deployments follow spec.replicas.
+    mode = svc.autoscaling.mode
+    if mode == "DryRun" or (mode == "Active" and not found_conflicts):
+        # DryRun: reported, never applied (the Deployments follow spec.replicas).
         new["desiredReplicas"] = decision.replicas
     if obs.queue_latency_ms is not None and _moved(
         prev.get("lastQueueLatencyMilliseconds"), obs.queue_latency_ms
     ):
         new["lastQueueLatencyMilliseconds"] = round(obs.queue_latency_ms, 2)
     events: list[tuple[str, str, str]] = []
-    if decision.direction != "hold" or "lastDecision" not in prev:
-        inputs: dict[str, Any] = dict(decision.inputs)
-        record: dict[str, Any] = {
-            "time": conditions.timestamp(now),
-            "from": int(decision.inputs.get("current", 0) or 0),
-            "to": decision.replicas,
-            "reason": decision.reason,
-            "inputs": inputs,
-        }
-        old = prev.get("lastDecision") or {}
-        if (old.get("from"), old.get("to"), old.get("reason")) != (
-            record["from"],
-            record["to"],
-            record["reason"],
-        ):
-            # A merge patch merges maps: inputs the new decision lacks are removed explicitly.
-            stale = {k: None for k in (old.get("inputs") or {}) if k not in decision.inputs}
-            record["inputs"] = {**stale, **inputs}
-            new["lastDecision"] = record
-            if decision.direction != "hold":
-                verb = "ScaledUp" if decision.direction == "up" else "ScaledDown"
-                if svc.autoscaling.mode == "DryRun":
-                    verb = f"DryRun{verb}"
-                events.append(("Normal", verb, decision.reason))
-    updates = [
-        {
-            "type": "MetricsAvailable",
-            "status": "True" if decision.metrics_available else "False",
-            "reason": decision.metrics_reason,
-            "message": decision.metrics_message,
-        },
-        {
-            "type": "ScalingActive",
-            "status": "True" if active else "False",
-            "reason": "Active"
-            if active
-            else ("DryRun" if svc.autoscaling.mode == "DryRun" else "ScalingConflict"),
-            "message": "the operator sets the replica count from spec.autoscaling"
-            if active
-            else (
-                "decisions are computed and reported in status.autoscaling; no replica count "
-                "is written (spec.autoscaling.mode: DryRun)"
-                if svc.autoscaling.mode == "DryRun"
-                else "another autoscaler writes this replica count; the operator holds"
-            ),
-        },
-    ]
-    if found_conflicts:
-        message = "; ".join(
-            f"{c.kind} {c.name} scales {c.target}, which the operator's autoscaler scales: "
-            "delete it, or set spec.autoscaling.enabled=false to let it scale the service"
-            for c in found_conflicts
-        )
-        updates.append(
-            {
-                "type": "ScalingConflict",
-                "status": "True",
-                "reason": "AnotherAutoscaler",
-                "message": message,
-            }
-        )
-    else:
-        updates.append(
-            {
-                "type": "ScalingConflict",
-                "status": "False",
-                "reason": "NoConflict",
-                "message": "no other autoscaler targets this service or its Deployments",
-            }
-        )
+    record = _decision_record(prev, decision, now)
+    if record is not None:
+        new["lastDecision"] = record
+        if decision.direction != "hold":
+            verb = "ScaledUp" if decision.direction == "up" else "ScaledDown"
+            events.append(
+                ("Normal", f"DryRun{verb}" if mode == "DryRun" else verb, decision.reason)
+            )
+    updates = _autoscaling_conditions(svc, decision, found_conflicts)
     prev_conds = previous.get("conditions") or []
     merged = conditions.merge(prev_conds, updates, generation, now)
-
-    # MetricsAvailable's message carries live numbers: only its status and reason count.
-    def essence(c: Mapping[str, Any]) -> tuple[str, str, str]:
-        message = "" if c["type"] == "MetricsAvailable" else str(c.get("message", ""))
-        return (str(c["status"]), str(c["reason"]), message)
-
-    before = {c["type"]: essence(c) for c in prev_conds}
-    after = {c["type"]: essence(c) for c in merged}
+    before = {c["type"]: _essence(c) for c in prev_conds}
     changes: dict[str, Any] = {}
-    if after != before:
+    if {c["type"]: _essence(c) for c in merged} != before:
         changes["conditions"] = merged
         old_conflict = before.get("ScalingConflict", ("False",))[0]
         if found_conflicts and old_conflict != "True":
@@ -249,6 +179,95 @@ def status_update(
         new["lastEvaluationTime"] = conditions.timestamp(now)
         changes["autoscaling"] = new
     return changes, events
+
+
+def _decision_record(
+    prev: Mapping[str, Any], decision: Decision, now: dt.datetime
+) -> dict[str, Any] | None:
+    """`lastDecision` when this decision is one to report (a scale, or the first one) and
+    differs from the one reported; None otherwise."""
+    if decision.direction == "hold" and "lastDecision" in prev:
+        return None
+    inputs: dict[str, Any] = dict(decision.inputs)
+    record: dict[str, Any] = {
+        "time": conditions.timestamp(now),
+        "from": int(decision.inputs.get("current", 0) or 0),
+        "to": decision.replicas,
+        "reason": decision.reason,
+        "inputs": inputs,
+    }
+    old = prev.get("lastDecision") or {}
+    if (old.get("from"), old.get("to"), old.get("reason")) == (
+        record["from"],
+        record["to"],
+        record["reason"],
+    ):
+        return None
+    # A merge patch merges maps: inputs the new decision lacks are removed explicitly.
+    stale = {k: None for k in (old.get("inputs") or {}) if k not in decision.inputs}
+    record["inputs"] = {**stale, **inputs}
+    return record
+
+
+def _autoscaling_conditions(
+    svc: ServiceSpec, decision: Decision, found_conflicts: Sequence[Conflict]
+) -> list[dict[str, str]]:
+    """MetricsAvailable, ScalingActive and ScalingConflict (last: its message is the
+    ScalingConflict Event's)."""
+    mode = svc.autoscaling.mode
+    active = mode == "Active" and not found_conflicts
+    if active:
+        scaling = ("True", "Active", "the operator sets the replica count from spec.autoscaling")
+    elif mode == "DryRun":
+        scaling = (
+            "False",
+            "DryRun",
+            "decisions are computed and reported in status.autoscaling; no replica count "
+            "is written (spec.autoscaling.mode: DryRun)",
+        )
+    else:
+        scaling = (
+            "False",
+            "ScalingConflict",
+            "another autoscaler writes this replica count; the operator holds",
+        )
+    if found_conflicts:
+        conflict = (
+            "True",
+            "AnotherAutoscaler",
+            "; ".join(
+                f"{c.kind} {c.name} scales {c.target}, which the operator's autoscaler scales: "
+                "delete it, or set spec.autoscaling.enabled=false to let it scale the service"
+                for c in found_conflicts
+            ),
+        )
+    else:
+        conflict = (
+            "False",
+            "NoConflict",
+            "no other autoscaler targets this service or its Deployments",
+        )
+    metrics = (
+        "True" if decision.metrics_available else "False",
+        decision.metrics_reason,
+        decision.metrics_message,
+    )
+    return [
+        _condition("MetricsAvailable", *metrics),
+        _condition("ScalingActive", *scaling),
+        _condition("ScalingConflict", *conflict),
+    ]
+
+
+def _condition(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
+    return {"type": kind, "status": status, "reason": reason, "message": message}
+
+
+def _essence(c: Mapping[str, Any]) -> tuple[str, str, str]:
+    """What counts as a change of a condition: MetricsAvailable's message carries live
+    numbers, so only its status and reason count."""
+    message = "" if c["type"] == "MetricsAvailable" else str(c.get("message", ""))
+    return (str(c["status"]), str(c["reason"]), message)
 
 
 def decide(

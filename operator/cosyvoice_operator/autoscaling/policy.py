@@ -2,9 +2,12 @@
 last few minutes, to one replica decision with its reason and every number it used.
 
 Pure and deterministic: no I/O, no clock (``now`` is an argument), the same arguments give the
-same `Decision`. The shell (`autoscaler`, `controller`) reads Prometheus and the caches, keeps
+same `Decision`. The shell (with `evaluation`) reads Prometheus and the caches, keeps
 ``Decision.history`` in memory for the next evaluation, and writes the count; in ``DryRun``
 it writes nothing but the report, and ``enabled: false`` never gets here.
+
+This module states every rule and applies 1, 2 and 5-8; what one sample asks for (rules 3
+and 4) is `assessment`, the Erlang C model `queueing`, the schedule floors `schedules`.
 
 The model behind the numbers
 ----------------------------
@@ -56,7 +59,7 @@ Rules, in the order they apply (each has rows in tests/unit/test_autoscaling.py)
 1. Bounds. The result is always within ``[max(minReplicas, schedule floor), maxReplicas]``;
    a count outside them (a manual scale) is brought back at once, whatever the data and the
    windows. A schedule floor above maxReplicas is capped at maxReplicas, and the reason says
-   so. Schedule floors: `schedule_floor`.
+   so. Schedule floors: `schedules.schedule_floor`.
 2. No data, no decision. A sample that is not available (NoData, Stale, NotANumber,
    QueryFailed, Unreachable, or an available one without a queue latency) holds the count:
    it never scales down, ``metrics_available`` is False with the source's reason and message,
@@ -107,29 +110,22 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from cosyvoice_operator.api.spec import AutoscalingSpec, Schedule, SpecError
+from cosyvoice_operator.api.spec import AutoscalingSpec
+from cosyvoice_operator.autoscaling.assessment import (
+    TOLERANCE,
+    assess,
+    count_text,
+    nonnegative,
+)
+from cosyvoice_operator.autoscaling.schedules import require_aware, schedule_floor
 
-# Kubernetes HPA's default tolerance (--horizontal-pod-autoscaler-tolerance=0.1).
-TOLERANCE = 0.1
-# Without a concurrency signal, the most one evaluation multiplies the Ready pods by
-# (HPA's default scale-up policy allows 100 % per period).
-LATENCY_ONLY_MAX_RATIO = 2.0
 # Condition reason of MetricsAvailable=True.
 METRICS_FRESH = "MetricsFresh"
 NO_DATA = "NoData"
 NOT_A_NUMBER = "NotANumber"
-DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")  # datetime.weekday() order
-# Bounds on the model's work for absurd inputs (slots per pod, replicas searched).
-MAX_SLOTS = 10_000
-MAX_SEARCH = 1_000_000
-# The smallest queue time a slot fit aims at: Triton reports microseconds.
-_MIN_WAIT_SECONDS = 1e-6
-_HHMM = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
 
 Number = float | int | str
 
@@ -178,147 +174,7 @@ class Decision:
     history: tuple[Recommendation, ...]  # pass back on the next call
 
 
-# ---- schedules ----------------------------------------------------------------------------
-
-
-def schedule_floor(schedules: Sequence[Schedule], now: dt.datetime) -> tuple[int, str]:
-    """The highest minReplicas of the schedules active at `now` (0 when none is), and the
-    names of the active ones, comma-separated in spec order.
-
-    A window is read on the wall clock of its time zone (as cron does): start inclusive, end
-    exclusive, on the days it starts; one whose end is not after its start runs past
-    midnight and belongs to the day it starts (22:00-06:00 on Fri is active Fri 22:00 to Sat
-    06:00; an end of 00:00 is midnight). Across a DST change a window keeps its wall-clock
-    times, so it lasts an hour more or less that night, and a start inside the skipped hour
-    is reached at the first wall-clock minute after it. Raises `SpecError` (naming the field)
-    for what the CRD would have refused, or an unknown time zone.
-    """
-    _require_aware(now, "now")
-    floor = 0
-    names: list[str] = []
-    for index, schedule in enumerate(schedules):
-        if _active(schedule, now, index):
-            names.append(schedule.name)
-            floor = max(floor, schedule.min_replicas)
-    return floor, ", ".join(names)
-
-
-def _active(schedule: Schedule, now: dt.datetime, index: int) -> bool:
-    path = f"spec.autoscaling.schedules[{index}]"
-    start = _minute_of_day(schedule.start, f"{path}.start")
-    end = _minute_of_day(schedule.end, f"{path}.end")
-    if start == end:
-        raise SpecError(f"{path}.end", f"must differ from start ({schedule.start})")
-    for day in schedule.days_of_week:
-        if day not in DAYS:
-            raise SpecError(f"{path}.daysOfWeek", f"must be among {', '.join(DAYS)}, got {day!r}")
-    local = now.astimezone(_zone(schedule.timezone, f"{path}.timezone"))
-    minute = local.hour * 60 + local.minute
-    today = DAYS[local.weekday()]
-    yesterday = DAYS[(local.weekday() - 1) % 7]
-    days = schedule.days_of_week
-    if start < end:
-        return today in days and start <= minute < end
-    return (today in days and minute >= start) or (yesterday in days and minute < end)
-
-
-def _minute_of_day(value: str, path: str) -> int:
-    m = _HHMM.match(value)
-    if not m:
-        raise SpecError(path, f"must be HH:MM on a 24-hour clock, got {value!r}")
-    return int(m.group(1)) * 60 + int(m.group(2))
-
-
-def _zone(name: str, path: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise SpecError(path, f"unknown IANA time zone {name!r}") from None
-
-
-# ---- the queueing model -------------------------------------------------------------------
-
-
-def queue_seconds(load: float, slots: int, service_seconds: float) -> float:
-    """Mean time in queue of an M/M/c queue (Erlang C): `load` Erlangs (requests in service on
-    average) offered to `slots` servers whose mean service time is `service_seconds`.
-    Infinite at or beyond saturation."""
-    if load <= 0:
-        return 0.0
-    if load >= slots:
-        return math.inf
-    blocking = 1.0  # Erlang B, by the stable recursion B(k) = aB(k-1) / (k + aB(k-1))
-    for k in range(1, slots + 1):
-        blocking = load * blocking / (k + load * blocking)
-    wait_probability = slots * blocking / (slots - load * (1.0 - blocking))
-    return wait_probability * service_seconds / (slots - load)
-
-
-def fitted_slots(load: float, service_seconds: float, queue_wait_seconds: float) -> int:
-    """The most slots per pod that still explain the observed queue time by queueing alone
-    (Erlang C at `load` gives at least the observed wait), and at least one more than the
-    load. A wait the model does not know (Triton's batching delay) only lowers the estimate,
-    so it errs toward fewer slots, that is more replicas."""
-    wait = max(queue_wait_seconds, _MIN_WAIT_SECONDS)
-    low = max(1, math.floor(load) + 1)
-    slots = _smallest(low, lambda c: queue_seconds(load, c, service_seconds) <= wait, MAX_SLOTS)
-    if slots > low and queue_seconds(load, slots, service_seconds) < wait:
-        slots -= 1
-    return slots
-
-
-def replicas_for(load: float, slots: int, service_seconds: float, wait_limit_seconds: float) -> int:
-    """The fewest pods of `slots` slots that keep the predicted queue time of a total `load`
-    (Erlangs, spread evenly) at most `wait_limit_seconds`; 0 for no load."""
-    if load <= 0:
-        return 0
-    low = math.floor(load / slots) + 1
-    return _smallest(
-        low,
-        lambda n: queue_seconds(load / n, slots, service_seconds) <= wait_limit_seconds,
-        MAX_SEARCH,
-    )
-
-
-def _smallest(low: int, ok: Callable[[int], bool], cap: int) -> int:
-    """The smallest n in [low, cap] for which the monotone `ok` holds (cap if none does)."""
-    if low >= cap:
-        return cap
-    if ok(low):
-        return low
-    bad, step = low, 1
-    while True:
-        probe = min(bad + step, cap)
-        if ok(probe):
-            good = probe
-            break
-        if probe == cap:
-            return cap
-        bad, step = probe, step * 2
-    while good - bad > 1:
-        mid = (bad + good) // 2
-        if ok(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
-
-
 # ---- one evaluation -----------------------------------------------------------------------
-
-
-@dataclass
-class _Assessment:
-    """What one sample asks for, before windows, steps, capacity on its way, and bounds."""
-
-    raw: int
-    regime: str
-    seen: str
-    why: str
-    slots: int | None
-    pending: float | None
-    predict_ms: Callable[[int], float] | None = None  # queue latency predicted on n replicas
-    numbers: dict[str, Number] = field(default_factory=dict)
 
 
 def decide(
@@ -329,11 +185,12 @@ def decide(
     now: dt.datetime,
 ) -> Decision:
     """The replica count to set now (the rules are in the module docstring)."""
-    _require_aware(now, "now")
+    require_aware(now, "now")
     floor, active = schedule_floor(spec.schedules, now)
     upper = spec.max_replicas
-    lower = min(max(spec.min_replicas, floor), upper)
-    bounds = _Bounds(lower, upper, spec.min_replicas, floor, active)
+    bounds = _Bounds(
+        min(max(spec.min_replicas, floor), upper), upper, spec.min_replicas, floor, active
+    )
     interval = spec.evaluation_interval_seconds
     up_window = spec.scale_up.stabilization_window_seconds
     down_window = spec.scale_down.stabilization_window_seconds
@@ -342,99 +199,17 @@ def decide(
         sorted((r for r in history if now - horizon <= r.time <= now), key=lambda r: r.time)
     )
     current = fleet.current
-    inputs: dict[str, Number] = {
-        "mode": spec.mode,
-        "current": current,
-        "ready": fleet.ready,
-        "starting": fleet.starting,
-        "minReplicas": spec.min_replicas,
-        "maxReplicas": upper,
-        "scheduleFloor": floor,
-        "activeSchedules": active,
-        "lowerBound": lower,
-        "upperBound": upper,
-        "targetQueueLatencyMilliseconds": spec.target_queue_latency_milliseconds,
-        "tolerance": TOLERANCE,
-        "upWindowSeconds": up_window,
-        "downWindowSeconds": down_window,
-        "scaleUpMaxStep": spec.scale_up.max_step_replicas,
-        "scaleDownMaxStep": spec.scale_down.max_step_replicas,
-    }
-
+    inputs = _inputs(spec, fleet, bounds)
     problem = _unusable(obs)
     if problem is not None:
-        code, message = problem
-        held, held_notes = bounds.apply(current)
-        inputs["replicas"] = held
-        reason = f"{_verb(current, held)}: no metrics ({code}: {message})"
-        if held == current:
-            reason += "; no scale-down without data"
-        return Decision(
-            replicas=held,
-            direction=_direction(current, held),
-            reason=_join(reason, held_notes),
-            inputs=inputs,
-            metrics_available=False,
-            metrics_reason=code,
-            metrics_message=message,
-            history=kept,
-        )
+        return _hold_without_data(problem, current, bounds, inputs, kept)
 
-    a = _assess(spec, obs, fleet, kept, now)
+    a = assess(spec, obs, fleet, kept, now)
     inputs.update(a.numbers)
     inputs["regime"] = a.regime
     inputs["rawRecommendation"] = a.raw
     latest = (*kept, Recommendation(now, a.raw, a.slots, a.pending))
-    up_rec = min(r.replicas for r in latest if r.time >= now - dt.timedelta(seconds=up_window))
-    down_rec = max(r.replicas for r in latest if r.time >= now - dt.timedelta(seconds=down_window))
-    watched = _watched_seconds(latest, now, interval)
-    inputs["upRecommendation"] = up_rec
-    inputs["downRecommendation"] = down_rec
-    inputs["downWindowWatchedSeconds"] = round(watched, 3)
-
-    desired = current
-    notes: list[str] = []
-    supply = max(current, fleet.ready + fleet.starting)  # in force, or on its way
-    on_their_way = supply - fleet.ready
-    inputs["onTheirWay"] = on_their_way
-    if up_rec > current or (up_rec == current and fleet.ready < up_rec and on_their_way > 0):
-        ask = up_rec - supply
-        if up_rec < a.raw:
-            notes.append(
-                f"the lowest recommendation in the {up_window} s scale-up window is {up_rec}"
-            )
-        if ask <= 0:
-            notes.append(
-                f"{on_their_way} replicas already on their way cover the {up_rec} recommended"
-            )
-        else:
-            step = min(ask, spec.scale_up.max_step_replicas)
-            desired = current + step
-            if step < ask:
-                notes.append(f"limited to +{step} by scaleUp.maxStepReplicas")
-    elif a.raw > current:
-        notes.append(f"the {up_window} s scale-up window still holds a recommendation of {up_rec}")
-    elif down_rec < current:
-        if watched < down_window:
-            notes.append(
-                f"a scale-down waits for the {down_window} s scale-down window, watched for "
-                f"{watched:.0f} s so far"
-            )
-        else:
-            step = min(current - down_rec, spec.scale_down.max_step_replicas)
-            desired = current - step
-            if down_rec > a.raw:
-                notes.append(
-                    f"the highest recommendation in the {down_window} s scale-down window is "
-                    f"{down_rec}"
-                )
-            if step < current - down_rec:
-                notes.append(f"one step of {step} (scaleDown.maxStepReplicas)")
-    elif a.raw < current:
-        notes.append(
-            f"the {down_window} s scale-down window still holds a recommendation of {down_rec}"
-        )
-
+    desired, notes = _stabilized(spec, fleet, a.raw, latest, now, inputs)
     desired, bounded_notes = bounds.apply(desired)
     notes.extend(bounded_notes)
     if a.predict_ms is not None and desired != current and desired > 0:
@@ -442,11 +217,10 @@ def decide(
         if math.isfinite(predicted):
             inputs["predictedQueueLatencyMilliseconds"] = round(predicted, 3)
     inputs["replicas"] = desired
-    reason = f"{_verb(current, desired)}: {a.seen}; {a.why}"
     return Decision(
         replicas=desired,
         direction=_direction(current, desired),
-        reason=_join(reason, notes),
+        reason=_join(f"{_verb(current, desired)}: {a.seen}; {a.why}", notes),
         inputs=inputs,
         metrics_available=True,
         metrics_reason=METRICS_FRESH,
@@ -455,209 +229,128 @@ def decide(
     )
 
 
-def _assess(
-    spec: AutoscalingSpec,
-    obs: Observation,
-    fleet: Fleet,
-    kept: tuple[Recommendation, ...],
-    now: dt.datetime,
-) -> _Assessment:
-    target = spec.target_queue_latency_milliseconds
-    current, ready = fleet.current, fleet.ready
-    remembered = next((r.slots_per_pod for r in reversed(kept) if r.slots_per_pod), None)
-    if obs.no_traffic:
-        return _Assessment(
-            raw=0,
-            regime="NoTraffic",
-            seen="no traffic (fresh series, every rate 0)",
-            why="no replica is needed for it",
-            slots=remembered,
-            pending=0.0,
-            predict_ms=lambda n: 0.0,
-        )
-    latency = _nonnegative(obs.queue_latency_ms)
-    pending = _nonnegative(obs.pending_requests)
-    ratio = latency / target
-    numbers: dict[str, Number] = {
-        "queueLatencyMilliseconds": round(latency, 3),
-        "queueLatencyRatio": round(ratio, 4),
-        "pendingRequests": round(pending, 3),
+def _inputs(spec: AutoscalingSpec, fleet: Fleet, bounds: _Bounds) -> dict[str, Number]:
+    """The numbers every decision reports, whatever the sample."""
+    return {
+        "mode": spec.mode,
+        "current": fleet.current,
+        "ready": fleet.ready,
+        "starting": fleet.starting,
+        "minReplicas": spec.min_replicas,
+        "maxReplicas": spec.max_replicas,
+        "scheduleFloor": bounds.floor,
+        "activeSchedules": bounds.active,
+        "lowerBound": bounds.lower,
+        "upperBound": bounds.upper,
+        "targetQueueLatencyMilliseconds": spec.target_queue_latency_milliseconds,
+        "tolerance": TOLERANCE,
+        "upWindowSeconds": spec.scale_up.stabilization_window_seconds,
+        "downWindowSeconds": spec.scale_down.stabilization_window_seconds,
+        "scaleUpMaxStep": spec.scale_up.max_step_replicas,
+        "scaleDownMaxStep": spec.scale_down.max_step_replicas,
     }
-    if obs.in_flight is not None:
-        numbers["inFlight"] = round(_nonnegative(obs.in_flight), 3)
-    if obs.completion_rate is not None:
-        numbers["completionRate"] = round(_nonnegative(obs.completion_rate), 4)
-    seen = (
-        f"queue latency {latency:.1f} ms against a {target:g} ms target ({ratio:.2f}x), "
-        f"{_count(pending)} waiting, {ready} Ready"
+
+
+def _hold_without_data(
+    problem: tuple[str, str],
+    current: int,
+    bounds: _Bounds,
+    inputs: dict[str, Number],
+    kept: tuple[Recommendation, ...],
+) -> Decision:
+    """Rule 2: no usable sample holds the count; only the bounds may move it."""
+    code, message = problem
+    held, held_notes = bounds.apply(current)
+    inputs["replicas"] = held
+    reason = f"{_verb(current, held)}: no metrics ({code}: {message})"
+    if held == current:
+        reason += "; no scale-down without data"
+    return Decision(
+        replicas=held,
+        direction=_direction(current, held),
+        reason=_join(reason, held_notes),
+        inputs=inputs,
+        metrics_available=False,
+        metrics_reason=code,
+        metrics_message=message,
+        history=kept,
     )
-    if ready == 0:
-        demand = pending > 0 or latency > 0 or bool(obs.in_flight) or bool(obs.completion_rate)
-        if current == 0 and demand:
-            why = "requests arrive and no replica runs: one is needed"
-            return _Assessment(1, "WakeUp", seen, why, remembered, pending, numbers=numbers)
-        why = "no replica is Ready, so there is no per-pod load to measure yet"
-        return _Assessment(current, "NoReadyPods", seen, why, remembered, pending, numbers=numbers)
-
-    above = ratio > 1 + TOLERANCE
-    below = ratio < 1 - TOLERANCE
-    completions = _nonnegative(obs.completion_rate)
-    in_service = 0.0
-    if obs.in_flight is not None and completions > 0:
-        in_service = _nonnegative(obs.in_flight) - completions * latency / 1000.0
-    if in_service <= 0:
-        pressing = pending >= ready  # no rate to turn the line into a wait: one per pod
-        return _latency_only(
-            latency, ratio, pending, fleet, seen, remembered, numbers, (above, below, pressing)
-        )
-
-    # The leading signal: the line waiting now, drained at the completion rate, is a wait of
-    # pending / completions (Little's law); longer than the band allows is pressure.
-    line_ms = 1000.0 * pending / completions
-    pressing = pending >= 1 and line_ms > (1 + TOLERANCE) * target
-    numbers["waitingLineMilliseconds"] = round(line_ms, 3)
-    service = in_service / completions
-    per_pod = in_service / ready
-    growth: float | None = None
-    previous = kept[-1] if kept else None
-    if previous is not None and previous.pending_requests is not None:
-        elapsed = (now - previous.time).total_seconds()
-        if 0 < elapsed <= 2 * spec.evaluation_interval_seconds:
-            growth = (pending - previous.pending_requests) / elapsed
-    # Saturated: a line at least as long as what is in service can only build up when the
-    # arrivals outrun every slot (near the knee, with spare slots, the line stays short).
-    saturated = pending >= max(1.0, in_service)
-    # A short line now under a latency above the band: the latency, counted when requests
-    # complete (a whole stream later), still describes a queue that has drained.
-    lagging = above and line_ms <= target and pending < ready
-    keep: int | None
-    if saturated:
-        slots, source = min(MAX_SLOTS, max(1, round(per_pod))), "saturation"
-        keep = slots
-    elif remembered is not None and per_pod < remembered:
-        slots, source, keep = remembered, "remembered", remembered
-        if above and not lagging:
-            # Worse than allowed: the model must explain what was seen (fewer slots than
-            # remembered, if that is what it takes), for this evaluation only.
-            fitted = fitted_slots(per_pod, service, latency / 1000.0)
-            if fitted < remembered:
-                slots, source = fitted, "fitted"
-    else:
-        slots, source = fitted_slots(per_pod, service, latency / 1000.0), "fitted"
-        keep = None if above else slots  # a fit above the band may come from a lagging latency
-    if saturated and growth is not None:
-        arrivals = max(completions + growth, 0.0)
-        load = arrivals * service
-    else:
-        arrivals = completions
-        load = in_service + pending  # a waiting request is load too
-    numbers.update(
-        {
-            "inService": round(in_service, 3),
-            "serviceTimeSeconds": round(service, 4),
-            "loadPerPod": round(per_pod, 3),
-            "slotsPerPod": slots,
-            "slotsSource": source,
-            "utilization": round(per_pod / slots, 4),
-            "arrivalRate": round(arrivals, 4),
-            "load": round(load, 3),
-        }
-    )
-    if growth is not None:
-        numbers["pendingGrowthPerSecond"] = round(growth, 4)
-    seen += f" ({per_pod:.1f} of {slots} slots busy per pod, {service:.2f} s per request)"
-
-    def predict_ms(n: int) -> float:
-        return 1000.0 * queue_seconds(load / n, slots, service) if n > 0 else math.inf
-
-    if above or pressing:
-        need = replicas_for(load, slots, service, target / 1000.0)
-        raw = max(current, need)
-        shrinking = growth is not None and growth < 0
-        why = f"{need} replicas bring it under target at {arrivals:.2f} arrivals/s"
-        if pressing and not shrinking and raw < ready + 1:
-            raw = ready + 1
-            why += f"; the waiting line is over the band: at least {raw}"
-        elif lagging and need <= current:
-            why += (
-                f"; the line now is short ({line_ms:.0f} ms): the latency, counted when "
-                "requests complete, lags"
-            )
-        elif shrinking and need <= current:
-            why += " (the waiting line is shrinking)"
-        regime = "AboveTarget" if above else "RequestsWaiting"
-    elif not below:
-        raw, regime = current, "WithinTolerance"
-        why = f"within the ±{TOLERANCE:.0%} tolerance of the target"
-    else:
-        limit = (1 - TOLERANCE) * target
-        need = replicas_for(load, slots, service, limit / 1000.0)
-        # Never above the count in force (the model never overrules a latency under target),
-        # but a fleet set to 0 that still serves traffic keeps one.
-        raw, regime = min(max(current, 1), need), "BelowTarget"
-        if raw < current:
-            why = (
-                f"{need} replicas keep it under {limit:g} ms "
-                f"(predicted {predict_ms(max(need, 1)):.1f} ms)"
-            )
-        elif current <= 1:
-            why = "traffic needs at least one replica"
-        else:
-            predicted = predict_ms(current - 1)
-            numbers["predictedQueueLatencyWithOneFewerMilliseconds"] = (
-                round(predicted, 3) if math.isfinite(predicted) else "inf"
-            )
-            outcome = (
-                f"raise it to {predicted:.1f} ms"
-                if math.isfinite(predicted)
-                else "saturate the remaining ones"
-            )
-            why = (
-                f"removing 1 of {current} would {outcome}, above {limit:g} ms "
-                f"({1 - TOLERANCE:.0%} of the target)"
-            )
-    return _Assessment(raw, regime, seen, why, keep, pending, predict_ms, numbers)
 
 
-def _latency_only(
-    latency: float,
-    ratio: float,
-    pending: float,
+def _stabilized(
+    spec: AutoscalingSpec,
     fleet: Fleet,
-    seen: str,
-    remembered: int | None,
-    numbers: dict[str, Number],
-    regimes: tuple[bool, bool, bool],
-) -> _Assessment:
-    """Rule 4 without a concurrency signal (no in-flight or completion data)."""
-    above, below, pressing = regimes
-    current, ready = fleet.current, fleet.ready
+    raw: int,
+    latest: tuple[Recommendation, ...],
+    now: dt.datetime,
+    inputs: dict[str, Number],
+) -> tuple[int, list[str]]:
+    """Rules 5-7: the count the windows, the steps and the capacity on its way allow, and
+    what limited it."""
+    up_window = spec.scale_up.stabilization_window_seconds
+    down_window = spec.scale_down.stabilization_window_seconds
+    up_rec = min(r.replicas for r in latest if r.time >= now - dt.timedelta(seconds=up_window))
+    down_rec = max(r.replicas for r in latest if r.time >= now - dt.timedelta(seconds=down_window))
+    watched = _watched_seconds(latest, now, spec.evaluation_interval_seconds)
+    inputs["upRecommendation"] = up_rec
+    inputs["downRecommendation"] = down_rec
+    inputs["downWindowWatchedSeconds"] = round(watched, 3)
+    current = fleet.current
+    supply = max(current, fleet.ready + fleet.starting)  # in force, or on its way
+    on_their_way = supply - fleet.ready
+    inputs["onTheirWay"] = on_their_way
+    if up_rec > current or (up_rec == current and fleet.ready < up_rec and on_their_way > 0):
+        return _step_up(spec, current, raw, up_rec, supply, on_their_way)
+    if raw > current:
+        return current, [
+            f"the {up_window} s scale-up window still holds a recommendation of {up_rec}"
+        ]
+    if down_rec < current:
+        return _step_down(spec, current, raw, down_rec, watched)
+    if raw < current:
+        return current, [
+            f"the {down_window} s scale-down window still holds a recommendation of {down_rec}"
+        ]
+    return current, []
 
-    def predict_ms(n: int) -> float:
-        # Latency proportional to the load per pod: optimistic near a queue's knee, which is
-        # why this path removes one replica per window at most.
-        return latency * ready / n if n > 0 else math.inf
 
-    seen += " (no concurrency signal: the latency ratio alone)"
-    if above:
-        raw = max(current, math.ceil(ready * min(ratio, LATENCY_ONLY_MAX_RATIO)))
-        why = f"{raw} recommended (at most {LATENCY_ONLY_MAX_RATIO:g}x the Ready pods)"
-        regime = "AboveTarget"
-    elif pressing:
-        raw = max(current, ready + 1)
-        why, regime = "requests are waiting: one more replica", "RequestsWaiting"
-    elif not below:
-        raw, regime = current, "WithinTolerance"
-        why = f"within the ±{TOLERANCE:.0%} tolerance of the target"
-    else:
-        fit = math.ceil(ready * ratio / (1 - TOLERANCE))
-        raw, regime = min(current, max(current - 1, fit)), "BelowTarget"
-        why = (
-            "one replica fewer per window at most"
-            if raw < current
-            else f"removing 1 of {current} would bring it above the band"
+def _step_up(
+    spec: AutoscalingSpec, current: int, raw: int, up_rec: int, supply: int, on_their_way: int
+) -> tuple[int, list[str]]:
+    """Rules 5 and 6: what the scale-up window recommends, less what is on its way, one step."""
+    up_window = spec.scale_up.stabilization_window_seconds
+    notes: list[str] = []
+    ask = up_rec - supply
+    if up_rec < raw:
+        notes.append(f"the lowest recommendation in the {up_window} s scale-up window is {up_rec}")
+    if ask <= 0:
+        notes.append(f"{on_their_way} replicas already on their way cover the {up_rec} recommended")
+        return current, notes
+    step = min(ask, spec.scale_up.max_step_replicas)
+    if step < ask:
+        notes.append(f"limited to +{step} by scaleUp.maxStepReplicas")
+    return current + step, notes
+
+
+def _step_down(
+    spec: AutoscalingSpec, current: int, raw: int, down_rec: int, watched: float
+) -> tuple[int, list[str]]:
+    """Rule 7: a step down once the scale-down window has been watched in full."""
+    down_window = spec.scale_down.stabilization_window_seconds
+    if watched < down_window:
+        return current, [
+            f"a scale-down waits for the {down_window} s scale-down window, watched for "
+            f"{watched:.0f} s so far"
+        ]
+    notes: list[str] = []
+    step = min(current - down_rec, spec.scale_down.max_step_replicas)
+    if down_rec > raw:
+        notes.append(
+            f"the highest recommendation in the {down_window} s scale-down window is {down_rec}"
         )
-    return _Assessment(raw, regime, seen, why, remembered, pending, predict_ms, numbers)
+    if step < current - down_rec:
+        notes.append(f"one step of {step} (scaleDown.maxStepReplicas)")
+    return current - step, notes
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -676,15 +369,6 @@ def _unusable(obs: Observation) -> tuple[str, str] | None:
     if obs.queue_latency_ms is None and not obs.no_traffic:
         return NO_DATA, "the sample has no queue latency"
     return None
-
-
-def _count(value: float) -> str:
-    """A request count as people read it: whole when it is, else one decimal."""
-    return str(round(value)) if abs(value - round(value)) < 0.05 else f"{value:.1f}"
-
-
-def _nonnegative(value: float | None) -> float:
-    return max(0.0, value) if value is not None else 0.0
 
 
 def _watched_seconds(
@@ -753,16 +437,11 @@ def _join(reason: str, notes: Sequence[str]) -> str:
 def _metrics_message(obs: Observation, fleet: Fleet) -> str:
     if obs.no_traffic:
         return f"no traffic over {fleet.ready} Ready pods (fresh series, every rate 0)"
-    parts = [f"queue latency {_nonnegative(obs.queue_latency_ms):.1f} ms"]
+    parts = [f"queue latency {nonnegative(obs.queue_latency_ms):.1f} ms"]
     if obs.pending_requests is not None:
-        parts.append(f"{_count(obs.pending_requests)} waiting")
+        parts.append(f"{count_text(obs.pending_requests)} waiting")
     if obs.in_flight is not None:
         parts.append(f"{obs.in_flight:.1f} in flight")
     if obs.completion_rate is not None:
         parts.append(f"{obs.completion_rate:.2f} completions/s")
     return ", ".join(parts) + f" over {fleet.ready} Ready pods"
-
-
-def _require_aware(value: dt.datetime, name: str) -> None:
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError(f"{name} must be timezone-aware (UTC), got {value!r}")

@@ -163,16 +163,56 @@ def plan_cleanup(
     """The cleanup of one namespace, given its services, its operator-made Jobs and its
     engine records (all from the caches)."""
     exact, loose = wanted(namespace, services, world, policy)
-    effects: list[CreateObject | DeleteObject | PatchObject] = []
-    superseded: dict[str, dt.datetime] = {}
-    waits: list[float] = []
+    found = _Pass(namespace, jobs, world, now, policy, settings)
+    cleaners = _stop_superseded(found, loose, superseded_since)
+    for record in records:
+        tag, key = _labels(record).get(CLAIM_LABEL, ""), _labels(record).get(KEY_LABEL, "")
+        removing = _annotations(record).get(REMOVING_ANNOTATION)
+        # An engine a Deployment still serves (the old one, while a new one is built) counts.
+        if ((tag, key) in exact or key in served) and not removing:
+            _keep(found, record)
+        elif not removing:
+            _mark_unreferenced(found, record)
+        else:
+            _remove(found, record, cleaners.get((tag, key)))
+    requeue = min(found.waits) + 0.5 if found.waits else None
+    return CleanupPlan(tuple(found.effects), found.superseded, requeue)
 
-    cleanup_jobs: dict[tuple[str, str], Mapping[str, Any]] = {}
-    for job in jobs:
+
+@dataclass
+class _Pass:
+    """One namespace's cleanup pass: what it reads, and what it collects."""
+
+    namespace: str
+    jobs: Sequence[Mapping[str, Any]]
+    world: World
+    now: dt.datetime
+    policy: Policy
+    settings: CleanupSettings
+    effects: list[CreateObject | DeleteObject | PatchObject] = field(default_factory=list)
+    # Build Jobs found superseded (uid -> since when).
+    superseded: dict[str, dt.datetime] = field(default_factory=dict)
+    # Seconds until something found here is due.
+    waits: list[float] = field(default_factory=list)
+
+    def annotate(self, record: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None:
+        name = str((record.get("metadata") or {}).get("name"))
+        patch = {"metadata": {"annotations": dict(annotations)}}
+        self.effects.append(PatchObject("ConfigMap", self.namespace, name, patch))
+
+
+def _stop_superseded(
+    found: _Pass, loose: set[tuple[str, str]], superseded_since: Mapping[str, dt.datetime]
+) -> dict[tuple[str, str], Mapping[str, Any]]:
+    """Delete the unfinished build Jobs no service asks for any more, once superseded for the
+    grace period; return the cleanup Jobs by (claim tag, key)."""
+    cleaners: dict[tuple[str, str], Mapping[str, Any]] = {}
+    grace = found.settings.superseded_grace_seconds
+    for job in found.jobs:
         labels = _labels(job)
         tag, key = labels.get(CLAIM_LABEL, ""), labels.get(KEY_LABEL, "")
         if labels.get(COMPONENT_LABEL) == CLEANUP_COMPONENT:
-            cleanup_jobs[(tag, key)] = job
+            cleaners[(tag, key)] = job
             continue
         if _finished(job):
             continue  # its TTL removes it; a finished Job holds no GPU
@@ -181,111 +221,95 @@ def plan_cleanup(
             continue
         meta = job.get("metadata") or {}
         uid = str(meta.get("uid") or "")
-        first = superseded_since.get(uid, now)
-        superseded[uid] = first
-        left = settings.superseded_grace_seconds - (now - first).total_seconds()
+        first = superseded_since.get(uid, found.now)
+        found.superseded[uid] = first
+        left = grace - (found.now - first).total_seconds()
         if left > 0:
-            waits.append(left)
+            found.waits.append(left)
             continue
-        effects.append(
+        found.effects.append(
             DeleteObject(
                 "Job",
-                namespace,
+                found.namespace,
                 str(meta.get("name")),
                 uid,
-                f"no service in {namespace} asks for engine {key} any more "
-                f"(superseded for {settings.superseded_grace_seconds:.0f}s)",
+                f"no service in {found.namespace} asks for engine {key} any more "
+                f"(superseded for {grace:.0f}s)",
             )
         )
+    return cleaners
 
-    for record in records:
-        meta = record.get("metadata") or {}
-        name, uid = str(meta.get("name")), str(meta.get("uid") or "")
-        labels, notes = _labels(record), _annotations(record)
-        tag, key = labels.get(CLAIM_LABEL, ""), labels.get(KEY_LABEL, "")
-        removing = notes.get(REMOVING_ANNOTATION)
-        # An engine a Deployment still serves (the old one, while a new one is built) counts.
-        if ((tag, key) in exact or key in served) and not removing:
-            if notes.get(UNREFERENCED_ANNOTATION):
-                effects.append(
-                    PatchObject(
-                        "ConfigMap",
-                        namespace,
-                        name,
-                        {"metadata": {"annotations": {UNREFERENCED_ANNOTATION: None}}},
-                    )
-                )
-            continue
-        if not removing:
-            marked = conditions.parse_time(notes.get(UNREFERENCED_ANNOTATION))
-            if marked is None:
-                effects.append(
-                    PatchObject(
-                        "ConfigMap",
-                        namespace,
-                        name,
-                        {
-                            "metadata": {
-                                "annotations": {UNREFERENCED_ANNOTATION: conditions.timestamp(now)}
-                            }
-                        },
-                    )
-                )
-                waits.append(settings.retention_seconds)
-                continue
-            left = settings.retention_seconds - (now - marked).total_seconds()
-            if left > 0:
-                waits.append(left)
-                continue
-            # The finished build Jobs of the engine go first: a Job that says "built" must not
-            # outlive the files it built, or the engine would be recorded again from it.
-            effects.extend(_build_jobs_of(namespace, tag, key, jobs))
-            effects.append(
-                PatchObject(
-                    "ConfigMap",
+
+def _keep(found: _Pass, record: Mapping[str, Any]) -> None:
+    """A referenced engine: its unreferenced mark, if any, is cleared."""
+    if _annotations(record).get(UNREFERENCED_ANNOTATION):
+        found.annotate(record, {UNREFERENCED_ANNOTATION: None})
+
+
+def _mark_unreferenced(found: _Pass, record: Mapping[str, Any]) -> None:
+    """An unreferenced engine: marked with the time, then, once the mark is older than the
+    retention period, its finished build Jobs deleted and the record marked as being removed."""
+    marked = conditions.parse_time(_annotations(record).get(UNREFERENCED_ANNOTATION))
+    retention = found.settings.retention_seconds
+    if marked is None:
+        found.annotate(record, {UNREFERENCED_ANNOTATION: conditions.timestamp(found.now)})
+        found.waits.append(retention)
+        return
+    left = retention - (found.now - marked).total_seconds()
+    if left > 0:
+        found.waits.append(left)
+        return
+    # The finished build Jobs of the engine go first: a Job that says "built" must not
+    # outlive the files it built, or the engine would be recorded again from it.
+    labels = _labels(record)
+    key = labels.get(KEY_LABEL, "")
+    found.effects.extend(
+        _build_jobs_of(found.namespace, labels.get(CLAIM_LABEL, ""), key, found.jobs)
+    )
+    found.annotate(record, {REMOVING_ANNOTATION: conditions.timestamp(found.now)})
+
+
+def _remove(found: _Pass, record: Mapping[str, Any], cleaner: Mapping[str, Any] | None) -> None:
+    """An engine being removed: its cleanup Job, then, once that has succeeded, the record."""
+    meta = record.get("metadata") or {}
+    name, uid = str(meta.get("name")), str(meta.get("uid") or "")
+    labels, notes = _labels(record), _annotations(record)
+    tag, key = labels.get(CLAIM_LABEL, ""), labels.get(KEY_LABEL, "")
+    claim = notes.get(CLAIM_ANNOTATION, "")
+    claim_uid = notes.get(CLAIM_UID_ANNOTATION, "")
+    namespace = found.namespace
+    if not claim or found.world.claim_uid(namespace, claim) != claim_uid:
+        # The claim that held the engine is gone: so are its files.
+        found.effects.append(
+            DeleteObject("ConfigMap", namespace, name, uid, "its cache claim is gone")
+        )
+        return
+    found.effects.extend(_build_jobs_of(namespace, tag, key, found.jobs))
+    build = found.policy.build
+    if cleaner is None:
+        ident = identity_of(record)
+        found.effects.append(
+            CreateObject(
+                build_job.render_cleanup_job(
+                    key,
+                    ident.gpu_arch if ident else str(labels.get(ARCH_LABEL, "")),
+                    ident.builder_image if ident else build.default_builder_image,
                     namespace,
-                    name,
-                    {"metadata": {"annotations": {REMOVING_ANNOTATION: conditions.timestamp(now)}}},
+                    CacheClaim(claim, claim_uid),
+                    build,
                 )
             )
-            continue
-        # Being removed: the cleanup Job, then the record.
-        claim = notes.get(CLAIM_ANNOTATION, "")
-        claim_uid = notes.get(CLAIM_UID_ANNOTATION, "")
-        if not claim or world.claim_uid(namespace, claim) != claim_uid:
-            # The claim that held the engine is gone: so are its files.
-            effects.append(
-                DeleteObject("ConfigMap", namespace, name, uid, "its cache claim is gone")
+        )
+    elif _finished(cleaner) == "Complete":
+        found.effects.append(
+            DeleteObject(
+                "ConfigMap",
+                namespace,
+                name,
+                uid,
+                f"engine {key} removed from claim {claim} by "
+                f"{(cleaner.get('metadata') or {}).get('name')}",
             )
-            continue
-        effects.extend(_build_jobs_of(namespace, tag, key, jobs))
-        cleaner = cleanup_jobs.get((tag, key))
-        if cleaner is None:
-            ident = identity_of(record)
-            effects.append(
-                CreateObject(
-                    build_job.render_cleanup_job(
-                        key,
-                        ident.gpu_arch if ident else str(labels.get(ARCH_LABEL, "")),
-                        ident.builder_image if ident else policy.build.default_builder_image,
-                        namespace,
-                        CacheClaim(claim, claim_uid),
-                        policy.build,
-                    )
-                )
-            )
-        elif _finished(cleaner) == "Complete":
-            effects.append(
-                DeleteObject(
-                    "ConfigMap",
-                    namespace,
-                    name,
-                    uid,
-                    f"engine {key} removed from claim {claim} by "
-                    f"{(cleaner.get('metadata') or {}).get('name')}",
-                )
-            )
-        # A failed cleanup Job keeps the record (and the mark): someone must look; the
-        # Job's pods say why. It is tried again after the Job's TTL removes it.
-    requeue = min(waits) + 0.5 if waits else None
-    return CleanupPlan(tuple(effects), superseded, requeue)
+        )
+    # A failed cleanup Job keeps the record (and the mark): someone must look; the
+    # Job's pods say why. It is tried again after the Job's TTL removes it.

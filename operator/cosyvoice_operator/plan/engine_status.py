@@ -104,124 +104,105 @@ def engine_status(
     reports Available, Progressing, replicas and the READY column)."""
     prev_conditions = previous.get("conditions") or []
     if spec_error is not None:
-        conds = conditions.merge(
-            prev_conditions,
-            [
-                {
-                    "type": "EngineReady",
-                    "status": "False",
-                    "reason": "InvalidSpec",
-                    "message": spec_error,
-                }
-            ],
-            generation,
-            now,
-        )
+        invalid = _condition("False", "InvalidSpec", spec_error)
         return {
             "observedGeneration": generation,
             "phase": "Failed",
-            "conditions": conds,
+            "conditions": conditions.merge(prev_conditions, [invalid], generation, now),
             "engineSummary": "Invalid",
         }
     assert plan is not None
     entries = engine_entries(plan, states)
     summary = engine_summary(entries)
     all_built = bool(plan.targets) and all(states[t.key].state == "Ready" for t in plan.builds)
+    # A blocker only matters to engines still to be built.
+    blocking = [] if all_built else list(blockers)
+    cond = _engine_ready_condition(plan, states, blocking)
+    if blocking:
+        for e in entries:
+            if e["state"] != "Ready":
+                e["message"] = cond["message"]
+    return {
+        "observedGeneration": generation,
+        "phase": _phase(cond, entries, blocked=bool(blocking)),
+        "engines": entries,
+        "engineSummary": summary,
+        "conditions": conditions.merge(prev_conditions, [cond], generation, now),
+    }
+
+
+def _condition(status: str, reason: str, message: str) -> dict[str, str]:
+    return {"type": "EngineReady", "status": status, "reason": reason, "message": message}
+
+
+def _engine_ready_condition(
+    plan: EnginePlan, states: Mapping[str, EngineState], blockers: Sequence[Blocker]
+) -> dict[str, str]:
+    """EngineReady: a blocker first, then no eligible node, then products asked for that get
+    no engine, then what the builds say."""
     # Products asked for by name (spec.engine.gpuProducts) that get no engine make the
     # engines not ready: the user asked for them. Products merely found on the cluster's
     # nodes do not hold back the engines of the others (a new GPU type joining the
     # cluster must not take every service down); they are listed, and the phase says
     # Degraded.
     rejected = plan.rejected if plan.source == "spec" or not plan.targets else ()
-    # A blocker only matters to engines still to be built.
-    blockers = [] if all_built else list(blockers)
     if blockers:
-        cond = {
-            "type": "EngineReady",
-            "status": "False",
-            "reason": blockers[0].reason,
-            "message": "; ".join(b.message for b in blockers),
-        }
-        for e in entries:
-            if e["state"] != "Ready":
-                e["message"] = cond["message"]
-    elif not plan.targets and not rejected:
-        cond = {
-            "type": "EngineReady",
-            "status": "False",
-            "reason": "NoEligibleGPUNodes",
-            "message": "no Ready GPU node matches the service's nodeSelector, affinity, "
+        return _condition("False", blockers[0].reason, "; ".join(b.message for b in blockers))
+    if not plan.targets and not rejected:
+        return _condition(
+            "False",
+            "NoEligibleGPUNodes",
+            "no Ready GPU node matches the service's nodeSelector, affinity, "
             "tolerations and serving.gpusPerReplica (set spec.engine.gpuProducts to build "
             "ahead of the nodes)",
-        }
-    elif rejected:
-        cond = {
-            "type": "EngineReady",
-            "status": "False",
-            "reason": rejected[0].reason,
-            "message": rejected[0].message
-            + (f" (and {len(rejected) - 1} more)" if len(rejected) > 1 else ""),
-        }
-    else:
-        by_state: dict[str, list[str]] = {}
-        for t in plan.builds:
-            by_state.setdefault(states[t.key].state, []).append(
-                t.identity.gpu_arch or "the vLLM checkpoint"
-            )
-        if set(by_state) == {"Ready"}:
-            message = f"engines ready for {', '.join(sorted(by_state['Ready']))}"
-            for left_out in plan.rejected:
-                message += f"; no engine for {left_out.product}: {left_out.message}"
-            cond = {
-                "type": "EngineReady",
-                "status": "True",
-                "reason": "EnginesBuilt",
-                "message": message,
-            }
-        elif "Failed" in by_state:
-            failed = [states[t.key] for t in plan.builds if states[t.key].state == "Failed"]
-            final = [s for s in failed if s.next_retry is None and s.action != "create"]
-            cond = {
-                "type": "EngineReady",
-                "status": "False",
-                "reason": "BuildFailed" if final else "BuildRetrying",
-                "message": (final or failed)[0].message,
-            }
-        else:
-            pending = [s for s in by_state if s != "Ready"]
-            reasons = [
-                states[t.key].reason
-                for t in plan.builds
-                if states[t.key].state in pending and states[t.key].reason
-            ]
-            cond = {
-                "type": "EngineReady",
-                "status": "False",
-                "reason": reasons[0] if reasons else "Building",
-                "message": "; ".join(
-                    states[t.key].message for t in plan.builds if states[t.key].state in pending
-                ),
-            }
-    engines_ready = cond["status"] == "True"
+        )
+    if rejected:
+        more = f" (and {len(rejected) - 1} more)" if len(rejected) > 1 else ""
+        return _condition("False", rejected[0].reason, rejected[0].message + more)
+    return _builds_condition(plan, states)
+
+
+def _builds_condition(plan: EnginePlan, states: Mapping[str, EngineState]) -> dict[str, str]:
+    """EngineReady from the states of the engines to build: all Ready, some Failed (for good,
+    or retrying), or still Pending or Building."""
+    by_state: dict[str, list[str]] = {}
+    for t in plan.builds:
+        by_state.setdefault(states[t.key].state, []).append(
+            t.identity.gpu_arch or "the vLLM checkpoint"
+        )
+    if set(by_state) == {"Ready"}:
+        message = f"engines ready for {', '.join(sorted(by_state['Ready']))}"
+        for left_out in plan.rejected:
+            message += f"; no engine for {left_out.product}: {left_out.message}"
+        return _condition("True", "EnginesBuilt", message)
+    if "Failed" in by_state:
+        failed = [states[t.key] for t in plan.builds if states[t.key].state == "Failed"]
+        final = [s for s in failed if s.next_retry is None and s.action != "create"]
+        reason = "BuildFailed" if final else "BuildRetrying"
+        return _condition("False", reason, (final or failed)[0].message)
+    pending = [t for t in plan.builds if states[t.key].state != "Ready"]
+    reasons = [states[t.key].reason for t in pending if states[t.key].reason]
+    return _condition(
+        "False",
+        reasons[0] if reasons else "Building",
+        "; ".join(states[t.key].message for t in pending),
+    )
+
+
+def _phase(cond: Mapping[str, str], entries: Sequence[Mapping[str, Any]], blocked: bool) -> str:
+    """The phase the engines give the service (plan_service promotes Deploying to Ready once
+    serving is)."""
     building = (
         any(e["state"] in ("Pending", "Building") for e in entries)
         or cond["reason"] == "BuildRetrying"
-    ) and not blockers
+    ) and not blocked
     any_failed = any(e["state"] == "Failed" for e in entries)
     any_ready = any(e["state"] == "Ready" for e in entries)
-    if engines_ready:
-        phase = "Degraded" if any_failed else "Deploying"
-    elif building:
-        phase = "BuildingEngine"
-    elif any_failed:
+    if cond["status"] == "True":
+        return "Degraded" if any_failed else "Deploying"
+    if building:
+        return "BuildingEngine"
+    if any_failed:
         # Some GPU products have an engine: the service can run there, on fewer products.
-        phase = "Degraded" if any_ready else "Failed"
-    else:
-        phase = "Pending"
-    return {
-        "observedGeneration": generation,
-        "phase": phase,
-        "engines": entries,
-        "engineSummary": summary,
-        "conditions": conditions.merge(prev_conditions, [cond], generation, now),
-    }
+        return "Degraded" if any_ready else "Failed"
+    return "Pending"

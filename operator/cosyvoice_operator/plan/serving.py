@@ -84,8 +84,29 @@ def unschedulable(pods: Sequence[Mapping[str, Any]]) -> str:
     return ""
 
 
-def _names(effects: Sequence[ApplyObject | PatchObject | DeleteObject]) -> set[str]:
+Effect = ApplyObject | PatchObject | DeleteObject
+
+
+def _names(effects: Sequence[Effect]) -> set[str]:
     return {e.name for e in effects}
+
+
+@dataclass(frozen=True)
+class _Engines:
+    """Which engine each architecture serves in this pass."""
+
+    # arch -> (key, products): rendered for its Ready engine
+    fresh: dict[str, tuple[str, tuple[str, ...]]]
+    # arch -> Deployment left on its old engine while the new one is not Ready
+    frozen: dict[str, Mapping[str, Any]]
+    # why each frozen architecture waits
+    waiting: list[str]
+    # vLLM: the fetched checkpoint every architecture serves from ("" without vLLM)
+    checkpoint_key: str
+
+    @property
+    def served(self) -> list[str]:
+        return sorted(set(self.fresh) | set(self.frozen))
 
 
 def plan_serving(
@@ -104,7 +125,37 @@ def plan_serving(
     name, namespace = str(meta.get("name")), str(meta.get("namespace"))
     existing = {_arch_of(d): d for d in world.deployments(namespace, name)}
     desired_total = desired_replicas(svc, body.get("status") or {})
-    # GPUs the service may use per architecture: the weights of the replica split.
+    engines = _choose_engines(plan, states, existing)
+    served = engines.served
+    capacity = _capacity_by_arch(svc, plan, world)
+    shares = workloads.split_replicas(desired_total, [(a, capacity.get(a, 0)) for a in served])
+    effects, keys = _workload_effects(body, svc, engines, shares, world, settings)
+    retired, kept = _retired_deployments(svc, plan, existing, world, namespace)
+    effects += retired
+    keys |= kept
+    if served:
+        effects += _front_effects(body, namespace, world)
+    status = _serving_status(name, namespace, existing, engines, shares, desired_total)
+    ready = int(status["readyReplicas"])
+    updated = _rolled_out(existing, engines.fresh)
+    stuck = unschedulable(world.serving_pods(namespace, name))
+    rejected = [f"{n}: {m}" for n, m in sorted(refused.items()) if n in _names(effects)]
+    conditions = (
+        _available(bool(served), ready, desired_total, stuck),
+        _progressing(status, desired_total, rejected, stuck, engines.waiting, effects, updated),
+    )
+    all_ready = bool(served) and ready >= desired_total and not engines.frozen and not effects
+    return ServingPlan(
+        effects=tuple(effects),
+        status=status,
+        conditions=conditions,
+        served_keys=frozenset(keys),
+        ready=all_ready and updated,
+    )
+
+
+def _capacity_by_arch(svc: ServiceSpec, plan: EnginePlan, world: ServingWorld) -> dict[str, int]:
+    """GPUs the service may use per architecture: the weights of the replica split."""
     capacity: dict[str, int] = {}
     for node in world.gpu_nodes():
         for target in plan.targets:
@@ -117,8 +168,16 @@ def plan_serving(
             ):
                 arch = target.identity.gpu_arch
                 capacity[arch] = capacity.get(arch, 0) + node.gpus
-    fresh: dict[str, tuple[str, tuple[str, ...]]] = {}  # arch -> (key, products) to render
-    frozen: dict[str, Mapping[str, Any]] = {}  # arch -> Deployment left on its old engine
+    return capacity
+
+
+def _choose_engines(
+    plan: EnginePlan, states: Mapping[str, EngineState], existing: Mapping[str, Mapping[str, Any]]
+) -> _Engines:
+    """Each architecture with a Ready engine serves it; one whose new engine is not Ready yet
+    keeps its Deployment on the old one (see the module docstring)."""
+    fresh: dict[str, tuple[str, tuple[str, ...]]] = {}
+    frozen: dict[str, Mapping[str, Any]] = {}
     waiting: list[str] = []
     # vLLM: every architecture also needs the fetched checkpoint; until it is there, an
     # architecture is as not Ready as if its own plans were missing.
@@ -142,23 +201,30 @@ def plan_serving(
                 f"{arch} serves engine {old[:12]} until engine {target.key[:12]} is built "
                 f"({st.state}: {st.message})"
             )
-    served = sorted(set(fresh) | set(frozen))
-    shares = workloads.split_replicas(desired_total, [(a, capacity.get(a, 0)) for a in served])
-    effects: list[ApplyObject | PatchObject | DeleteObject] = []
+    return _Engines(fresh, frozen, waiting, checkpoint_key)
+
+
+def _workload_effects(
+    body: Mapping[str, Any],
+    svc: ServiceSpec,
+    engines: _Engines,
+    shares: Mapping[str, int],
+    world: ServingWorld,
+    settings: ServingSettings,
+) -> tuple[list[Effect], set[str]]:
+    """The repository ConfigMap and Deployment of each fresh architecture, applied when they
+    changed; the replica count of each frozen one; and the engine keys they serve."""
+    namespace = str((body.get("metadata") or {}).get("namespace"))
+    effects: list[Effect] = []
     keys: set[str] = set()
-    for arch in sorted(fresh):
-        key, products = fresh[arch]
+    checkpoint_key = engines.checkpoint_key
+    for arch in sorted(engines.fresh):
+        key, products = engines.fresh[arch]
         keys.add(key)
         if checkpoint_key:
             keys.add(checkpoint_key)
-        repo, deployment = workloads.render_architecture(
-            body,
-            svc,
-            ArchServing(arch, key, products, shares[arch], checkpoint_key),
-            namespace,
-            settings,
-        )
-        for obj in (repo, deployment):
+        target = ArchServing(arch, key, products, shares[arch], checkpoint_key)
+        for obj in workloads.render_architecture(body, svc, target, namespace, settings):
             seen = world.owned(obj["kind"], namespace, obj["metadata"]["name"])
             drifted = (
                 obj["kind"] == "Deployment"
@@ -167,7 +233,7 @@ def plan_serving(
             )  # scaled by a merge patch while frozen, or by hand: the hash alone would miss it
             if drifted or workloads.applied_hash(seen) != workloads.applied_hash(obj):
                 effects.append(ApplyObject(obj))
-    for arch, stale in sorted(frozen.items()):
+    for arch, stale in sorted(engines.frozen.items()):
         keys.update(k for k in (served_key(stale), served_checkpoint(stale)) if k)
         if int((stale.get("spec") or {}).get("replicas") or 0) != shares[arch]:
             effects.append(
@@ -178,10 +244,46 @@ def plan_serving(
                     {"spec": {"replicas": shares[arch]}},
                 )
             )
+    return effects, keys
+
+
+def _retired_deployments(
+    svc: ServiceSpec,
+    plan: EnginePlan,
+    existing: Mapping[str, Mapping[str, Any]],
+    world: ServingWorld,
+    namespace: str,
+) -> tuple[list[Effect], set[str]]:
+    """The Deployments of architectures the service no longer runs on, deleted; and the keys
+    of those left as they are while their architecture still has GPU nodes."""
     planned_archs = {t.identity.gpu_arch for t in plan.targets}
-    # Architectures that still have GPU nodes, Ready or not: a drained, NotReady or cordoned
-    # node must not take its architecture's fleet down; only the spec, or the last node of
-    # the architecture leaving the cluster, does.
+    present = _present_archs(svc, world)
+    effects: list[Effect] = []
+    keys: set[str] = set()
+    for arch, gone in sorted(existing.items()):
+        if arch in planned_archs:
+            continue
+        if not svc.engine.gpu_products and arch in present:
+            # left as it is, its engine (and checkpoint) kept by the cleanup
+            keys.update(k for k in (served_key(gone), served_checkpoint(gone)) if k)
+            continue
+        dmeta = gone.get("metadata") or {}
+        effects.append(
+            DeleteObject(
+                "Deployment",
+                namespace,
+                str(dmeta.get("name")),
+                str(dmeta.get("uid") or ""),
+                f"the service no longer runs on {arch}",
+            )
+        )
+    return effects, keys
+
+
+def _present_archs(svc: ServiceSpec, world: ServingWorld) -> set[str]:
+    """Architectures that still have GPU nodes the service may use, Ready or not: a drained,
+    NotReady or cordoned node must not take its architecture's fleet down; only the spec,
+    or the last node of the architecture leaving the cluster, does."""
     present: set[str] = set()
     for node in world.gpu_nodes():
         whatever_its_state = dataclasses.replace(
@@ -197,45 +299,44 @@ def plan_serving(
             continue  # the spec keeps the service off this node
         with contextlib.suppress(gpus.UnknownGPUProduct):
             present.add(gpus.architecture(node.product))
-    for arch, gone in sorted(existing.items()):
-        if arch not in planned_archs and not svc.engine.gpu_products and arch in present:
-            # left as it is, its engine (and checkpoint) kept by the cleanup
-            keys.update(k for k in (served_key(gone), served_checkpoint(gone)) if k)
-            continue
-        if arch not in planned_archs:
-            dmeta = gone.get("metadata") or {}
-            effects.append(
-                DeleteObject(
-                    "Deployment",
-                    namespace,
-                    str(dmeta.get("name")),
-                    str(dmeta.get("uid") or ""),
-                    f"the service no longer runs on {arch}",
-                )
-            )
-    if served:
-        for obj in (
-            workloads.render_service(body, namespace),
-            workloads.render_disruption_budget(body, namespace),
-        ):
-            seen = world.owned(obj["kind"], namespace, obj["metadata"]["name"])
-            if workloads.applied_hash(seen) != workloads.applied_hash(obj):
-                effects.append(ApplyObject(obj))
+    return present
 
+
+def _front_effects(body: Mapping[str, Any], namespace: str, world: ServingWorld) -> list[Effect]:
+    """The Service and the PodDisruptionBudget, applied when they changed."""
+    effects: list[Effect] = []
+    for obj in (
+        workloads.render_service(body, namespace),
+        workloads.render_disruption_budget(body, namespace),
+    ):
+        seen = world.owned(obj["kind"], namespace, obj["metadata"]["name"])
+        if workloads.applied_hash(seen) != workloads.applied_hash(obj):
+            effects.append(ApplyObject(obj))
+    return effects
+
+
+def _serving_status(
+    name: str,
+    namespace: str,
+    existing: Mapping[str, Mapping[str, Any]],
+    engines: _Engines,
+    shares: Mapping[str, int],
+    desired_total: int,
+) -> dict[str, Any]:
+    """replicas, readyReplicas, selector, the READY column, one entry per architecture served,
+    and the endpoints once anything is served."""
+    served = engines.served
     replicas = sum(_count(d, "replicas") for a, d in existing.items() if a in served)
     ready = sum(_count(d, "readyReplicas") for a, d in existing.items() if a in served)
-    updated = all(
-        _count(d, "updatedReplicas") >= int((d.get("spec") or {}).get("replicas") or 0)
-        and int((d.get("status") or {}).get("observedGeneration") or 0)
-        >= int((d.get("metadata") or {}).get("generation") or 0)
-        for a, d in existing.items()
-        if a in fresh
-    )
     entries = [
         {
             "gpuArch": arch,
             "deployment": workloads.deployment_name(name, arch),
-            "engineKey": fresh[arch][0] if arch in fresh else served_key(frozen[arch]),
+            "engineKey": (
+                engines.fresh[arch][0]
+                if arch in engines.fresh
+                else served_key(engines.frozen[arch])
+            ),
             "desiredReplicas": shares[arch],
             "readyReplicas": _count(existing[arch], "readyReplicas") if arch in existing else 0,
         }
@@ -250,77 +351,94 @@ def plan_serving(
     }
     if served:
         status["endpoints"] = workloads.endpoints(name, namespace)
-    stuck = unschedulable(world.serving_pods(namespace, name))
-    conditions: list[Mapping[str, Any]] = []
-    all_ready = bool(served) and ready >= desired_total and not frozen and not effects
+    return status
+
+
+def _rolled_out(
+    existing: Mapping[str, Mapping[str, Any]], fresh: Mapping[str, tuple[str, tuple[str, ...]]]
+) -> bool:
+    """Whether every fresh architecture's Deployment has rolled out its current spec."""
+    return all(
+        _count(d, "updatedReplicas") >= int((d.get("spec") or {}).get("replicas") or 0)
+        and int((d.get("status") or {}).get("observedGeneration") or 0)
+        >= int((d.get("metadata") or {}).get("generation") or 0)
+        for a, d in existing.items()
+        if a in fresh
+    )
+
+
+def _available(served: bool, ready: int, desired_total: int, stuck: str) -> dict[str, str]:
     if not served:
-        available = {
+        return {
             "type": "Available",
             "status": "False",
             "reason": "EnginesNotReady",
             "message": "serving starts once an engine is built for the service's GPUs",
         }
-    elif ready >= max(1, desired_total) or (desired_total == 0 and ready == 0):
-        available = {
+    if ready >= max(1, desired_total) or (desired_total == 0 and ready == 0):
+        return {
             "type": "Available",
             "status": "True",
             "reason": "ReplicasReady",
             "message": f"{ready}/{desired_total} Triton replicas ready",
         }
-    else:
-        available = {
-            "type": "Available",
-            "status": "False",
-            "reason": "ReplicasNotReady",
-            "message": f"{ready}/{desired_total} Triton replicas ready"
-            + (f"; {stuck}" if stuck else ""),
-        }
-    conditions.append(available)
-    rejected = [f"{n}: {m}" for n, m in sorted(refused.items()) if n in _names(effects)]
+    return {
+        "type": "Available",
+        "status": "False",
+        "reason": "ReplicasNotReady",
+        "message": f"{ready}/{desired_total} Triton replicas ready"
+        + (f"; {stuck}" if stuck else ""),
+    }
+
+
+def _progressing(
+    status: Mapping[str, Any],
+    desired_total: int,
+    rejected: Sequence[str],
+    stuck: str,
+    waiting: Sequence[str],
+    effects: Sequence[Effect],
+    updated: bool,
+) -> dict[str, str]:
+    """Progressing: a refused apply first, then unschedulable pods, then a new engine being
+    waited for, then a rollout in progress, else Complete."""
+    entries = status["serving"]
+    served, ready = bool(entries), int(status["readyReplicas"])
     if rejected:
-        progressing = {
+        return {
             "type": "Progressing",
             "status": "False",
             "reason": "ApplyFailed",
             "message": "the API server refused " + "; ".join(rejected),
         }
-    elif stuck:
-        progressing = {
+    if stuck:
+        return {
             "type": "Progressing",
             "status": "False",
             "reason": "Unschedulable",
             "message": stuck,
         }
-    elif waiting:
+    if waiting:
         failed = any("Failed" in w for w in waiting)
-        progressing = {
+        return {
             "type": "Progressing",
             "status": "False" if failed else "True",
             "reason": "NewEngineFailed" if failed else "WaitingForEngine",
             "message": "; ".join(waiting),
         }
-    elif served and (effects or not updated or ready < desired_total):
-        progressing = {
+    if served and (effects or not updated or ready < desired_total):
+        return {
             "type": "Progressing",
             "status": "True",
             "reason": "RollingOut",
             "message": f"{ready}/{desired_total} replicas ready on "
             + ", ".join(f"{e['gpuArch']} ({e['desiredReplicas']})" for e in entries),
         }
-    else:
-        progressing = {
-            "type": "Progressing",
-            "status": "False" if not served else "True",
-            "reason": "Complete" if served else "EnginesNotReady",
-            "message": "every replica serves its architecture's current engine"
-            if served
-            else "nothing to deploy yet",
-        }
-    conditions.append(progressing)
-    return ServingPlan(
-        effects=tuple(effects),
-        status=status,
-        conditions=tuple(conditions),
-        served_keys=frozenset(keys),
-        ready=all_ready and updated,
-    )
+    return {
+        "type": "Progressing",
+        "status": "False" if not served else "True",
+        "reason": "Complete" if served else "EnginesNotReady",
+        "message": "every replica serves its architecture's current engine"
+        if served
+        else "nothing to deploy yet",
+    }

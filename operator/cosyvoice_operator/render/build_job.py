@@ -239,80 +239,6 @@ def render_job(
         CLAIM_LABEL: cache.tag,
         ATTEMPT_LABEL: str(attempt),
     }
-    volumes: list[dict[str, Any]] = [
-        {"name": "engines", "persistentVolumeClaim": {"claimName": claim_name}},
-        {"name": "scratch", "emptyDir": {"sizeLimit": settings.scratch_size}},
-    ]
-    mounts: list[dict[str, Any]] = [
-        {"name": "engines", "mountPath": CACHE_MOUNT},
-        {"name": "scratch", "mountPath": "/tmp"},
-    ]
-    claim = spec.model.pvc_claim
-    if claim:
-        volumes.append(
-            {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-        )
-        mounts.append({"name": "model", "mountPath": f"{MODELS_MOUNT}/{claim}", "readOnly": True})
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": ident.builder_image,
-        "imagePullPolicy": "IfNotPresent",
-        "args": builder_args(ident),
-        "env": [
-            {"name": "TERMINATION_MESSAGE_PATH", "value": "/dev/termination-log"},
-            # The root filesystem is read-only: everything a tool may write goes to /tmp.
-            {"name": "HOME", "value": "/tmp"},
-            {"name": "HF_HOME", "value": "/tmp/hf"},
-            *credential_env(spec.model.scheme, spec.model.credentials_secret),
-        ],
-        "resources": _build_resources(ident, settings),
-        "volumeMounts": mounts,
-        "terminationMessagePath": "/dev/termination-log",
-        # A builder killed before it writes its message still leaves its last log lines.
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": _container_security_context(),
-    }
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        # On the pod, not the Job: a Job's deadline also counts the time its pod waits for
-        # a GPU node, so an engine built ahead of the fleet (spec.engine.gpuProducts) or on
-        # a busy one would fail without having run. A pod's counts from when it starts.
-        "activeDeadlineSeconds": settings.active_deadline_seconds,
-        "containers": [container],
-        "volumes": volumes,
-        "securityContext": _pod_security_context(),
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {
-                                    "key": GPU_PRODUCT_LABEL,
-                                    "operator": "In",
-                                    "values": sorted(target.products),
-                                }
-                            ]
-                        }
-                    ]
-                }
-            }
-        },
-        # GPU nodes are commonly tainted nvidia.com/gpu; beyond that the build pod tolerates
-        # what the service's pods tolerate, since the products were chosen from those nodes.
-        "tolerations": [
-            dict(GPU_TOLERATION),
-            *[dict(t) for t in spec.serving.tolerations if dict(t) != GPU_TOLERATION],
-        ],
-        "automountServiceAccountToken": False,
-    }
-    if ident.artifact == "checkpoint":
-        # A download: no GPU, so no GPU node either (any node that mounts the claim).
-        del pod_spec["affinity"]
-    if settings.service_account:
-        pod_spec["serviceAccountName"] = settings.service_account
-    if settings.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -340,9 +266,104 @@ def render_job(
                         MODEL_URI_ANNOTATION: ident.model_uri,
                     },
                 },
-                "spec": pod_spec,
+                "spec": _build_pod_spec(target, spec, settings, cache),
             },
         },
+    }
+
+
+def _build_pod_spec(
+    target: EngineTarget, spec: ServiceSpec, settings: BuildSettings, cache: CacheClaim
+) -> dict[str, Any]:
+    """The build pod: the builder on a node of one of the target's GPU products (any node for
+    a checkpoint download), the cache claim and the model's claim mounted."""
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        # On the pod, not the Job: a Job's deadline also counts the time its pod waits for
+        # a GPU node, so an engine built ahead of the fleet (spec.engine.gpuProducts) or on
+        # a busy one would fail without having run. A pod's counts from when it starts.
+        "activeDeadlineSeconds": settings.active_deadline_seconds,
+        "containers": [_builder_container(target.identity, spec, settings)],
+        "volumes": _build_volumes(spec, settings, cache),
+        "securityContext": _pod_security_context(),
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": GPU_PRODUCT_LABEL,
+                                    "operator": "In",
+                                    "values": sorted(target.products),
+                                }
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
+        # GPU nodes are commonly tainted nvidia.com/gpu; beyond that the build pod tolerates
+        # what the service's pods tolerate, since the products were chosen from those nodes.
+        "tolerations": [
+            dict(GPU_TOLERATION),
+            *[dict(t) for t in spec.serving.tolerations if dict(t) != GPU_TOLERATION],
+        ],
+        "automountServiceAccountToken": False,
+    }
+    if target.identity.artifact == "checkpoint":
+        # A download: no GPU, so no GPU node either (any node that mounts the claim).
+        del pod_spec["affinity"]
+    if settings.service_account:
+        pod_spec["serviceAccountName"] = settings.service_account
+    if settings.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
+    return pod_spec
+
+
+def _build_volumes(
+    spec: ServiceSpec, settings: BuildSettings, cache: CacheClaim
+) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "engines", "persistentVolumeClaim": {"claimName": cache.claim}},
+        {"name": "scratch", "emptyDir": {"sizeLimit": settings.scratch_size}},
+    ]
+    claim = spec.model.pvc_claim
+    if claim:
+        volumes.append(
+            {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        )
+    return volumes
+
+
+def _builder_container(
+    ident: EngineIdentity, spec: ServiceSpec, settings: BuildSettings
+) -> dict[str, Any]:
+    mounts: list[dict[str, Any]] = [
+        {"name": "engines", "mountPath": CACHE_MOUNT},
+        {"name": "scratch", "mountPath": "/tmp"},
+    ]
+    claim = spec.model.pvc_claim
+    if claim:
+        mounts.append({"name": "model", "mountPath": f"{MODELS_MOUNT}/{claim}", "readOnly": True})
+    return {
+        "name": CONTAINER,
+        "image": ident.builder_image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": builder_args(ident),
+        "env": [
+            {"name": "TERMINATION_MESSAGE_PATH", "value": "/dev/termination-log"},
+            # The root filesystem is read-only: everything a tool may write goes to /tmp.
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "HF_HOME", "value": "/tmp/hf"},
+            *credential_env(spec.model.scheme, spec.model.credentials_secret),
+        ],
+        "resources": _build_resources(ident, settings),
+        "volumeMounts": mounts,
+        "terminationMessagePath": "/dev/termination-log",
+        # A builder killed before it writes its message still leaves its last log lines.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": _container_security_context(),
     }
 
 

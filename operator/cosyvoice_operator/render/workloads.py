@@ -300,79 +300,56 @@ def render_deployment(
     name = str((body.get("metadata") or {}).get("name"))
     labels = {**common_labels(name), ARCH_LABEL: target.gpu_arch}
     pod_labels = {**labels, KEY_LABEL: target.key}
-    ports = [
-        {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
-        {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
-        {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
-    ]
-    for i, port in enumerate(triton.llm_ports(svc)):
-        ports.append({"name": f"llm-{i}", "containerPort": port, "protocol": "TCP"})
-    probe = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "timeoutSeconds": 5}
-    vllm = svc.model.llm_runtime == "vllm"
-    default_image = settings.default_vllm_image if vllm else settings.default_image
-    mounts: list[dict[str, Any]] = [
-        # Only this engine's directory, read-only: a pod cannot see or touch another.
+    return stamp(
         {
-            "name": "engines",
-            "mountPath": f"{ENGINES_MOUNT}/{target.key}",
-            "subPath": target.key,
-            "readOnly": True,
-        },
-    ]
-    if target.checkpoint_key:
-        # vLLM: the fetched release (the LLM's Hugging Face checkpoint), shared by every
-        # architecture, from the same cache claim.
-        mounts.append(
-            {
-                "name": "engines",
-                "mountPath": f"{ENGINES_MOUNT}/{target.checkpoint_key}",
-                "subPath": target.checkpoint_key,
-                "readOnly": True,
-            }
-        )
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": svc.serving.image or default_image,
-        "imagePullPolicy": "IfNotPresent",
-        "args": serve_args(svc, target.key, settings, target.checkpoint_key),
-        "ports": ports,
-        "env": [
-            {"name": "HOME", "value": "/tmp"},
-            *[{"name": k, "value": v} for k, v in sorted(triton.server_environment(svc).items())],
-        ],
-        "resources": _resources(svc),
-        "volumeMounts": [
-            *mounts,
-            {"name": "repository", "mountPath": REPO_MOUNT, "readOnly": True},
-            {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "shm", "mountPath": "/dev/shm"},
-        ],
-        "startupProbe": {
-            **probe,
-            "periodSeconds": 10,
-            "failureThreshold": max(1, settings.startup_seconds // 10),
-        },
-        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {
-            "httpGet": {"path": "/v2/health/live", "port": "http"},
-            "timeoutSeconds": 5,
-            "periodSeconds": 10,
-            "failureThreshold": 3,
-        },
-        # Out of the Service's endpoints first, then Triton is told to stop and lets the
-        # streams in flight finish (--exit-timeout-seconds).
-        "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-    }
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                "name": deployment_name(name, target.gpu_arch),
+                "namespace": namespace,
+                "labels": labels,
+                "annotations": {
+                    SERVED_KEY_ANNOTATION: target.key,
+                    **(
+                        {CHECKPOINT_ANNOTATION: target.checkpoint_key}
+                        if target.checkpoint_key
+                        else {}
+                    ),
+                },
+                "ownerReferences": [owner(body)],
+            },
+            "spec": {
+                "replicas": target.replicas,
+                "selector": {"matchLabels": {SERVICE_LABEL: name, ARCH_LABEL: target.gpu_arch}},
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+                },
+                "revisionHistoryLimit": 3,
+                "template": {
+                    "metadata": {
+                        "labels": pod_labels,
+                        "annotations": {
+                            # A batching change is a new repository: the pods roll.
+                            REPO_HASH_ANNOTATION: repository_hash,
+                            "prometheus.io/scrape": "true",
+                            "prometheus.io/port": str(METRICS_PORT),
+                            "prometheus.io/path": "/metrics",
+                        },
+                    },
+                    "spec": _pod_spec(svc, name, target, settings),
+                },
+            },
+        }
+    )
+
+
+def _pod_spec(
+    svc: ServiceSpec, name: str, target: ArchServing, settings: ServingSettings
+) -> dict[str, Any]:
+    """A serving pod: the Triton container, the engine cache read-only, spread over nodes."""
     pod_spec: dict[str, Any] = {
-        "containers": [container],
+        "containers": [_container(svc, target, settings)],
         "terminationGracePeriodSeconds": settings.drain_seconds + 15,
         "automountServiceAccountToken": False,
         "securityContext": {
@@ -413,48 +390,86 @@ def render_deployment(
         pod_spec["serviceAccountName"] = settings.service_account
     if settings.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
-    return stamp(
+    return pod_spec
+
+
+def _container(svc: ServiceSpec, target: ArchServing, settings: ServingSettings) -> dict[str, Any]:
+    """The Triton container: `serve` with this architecture's engine, probed on /v2/health."""
+    ports = [
+        {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+        {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+    ]
+    for i, port in enumerate(triton.llm_ports(svc)):
+        ports.append({"name": f"llm-{i}", "containerPort": port, "protocol": "TCP"})
+    probe = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "timeoutSeconds": 5}
+    vllm = svc.model.llm_runtime == "vllm"
+    default_image = settings.default_vllm_image if vllm else settings.default_image
+    return {
+        "name": CONTAINER,
+        "image": svc.serving.image or default_image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": serve_args(svc, target.key, settings, target.checkpoint_key),
+        "ports": ports,
+        "env": [
+            {"name": "HOME", "value": "/tmp"},
+            *[{"name": k, "value": v} for k, v in sorted(triton.server_environment(svc).items())],
+        ],
+        "resources": _resources(svc),
+        "volumeMounts": [
+            *_engine_mounts(target),
+            {"name": "repository", "mountPath": REPO_MOUNT, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "shm", "mountPath": "/dev/shm"},
+        ],
+        "startupProbe": {
+            **probe,
+            "periodSeconds": 10,
+            "failureThreshold": max(1, settings.startup_seconds // 10),
+        },
+        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {
+            "httpGet": {"path": "/v2/health/live", "port": "http"},
+            "timeoutSeconds": 5,
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        # Out of the Service's endpoints first, then Triton is told to stop and lets the
+        # streams in flight finish (--exit-timeout-seconds).
+        "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+
+
+def _engine_mounts(target: ArchServing) -> list[dict[str, Any]]:
+    """Only this engine's directory, read-only: a pod cannot see or touch another."""
+    mounts: list[dict[str, Any]] = [
         {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {
-                "name": deployment_name(name, target.gpu_arch),
-                "namespace": namespace,
-                "labels": labels,
-                "annotations": {
-                    SERVED_KEY_ANNOTATION: target.key,
-                    **(
-                        {CHECKPOINT_ANNOTATION: target.checkpoint_key}
-                        if target.checkpoint_key
-                        else {}
-                    ),
-                },
-                "ownerReferences": [owner(body)],
-            },
-            "spec": {
-                "replicas": target.replicas,
-                "selector": {"matchLabels": {SERVICE_LABEL: name, ARCH_LABEL: target.gpu_arch}},
-                "strategy": {
-                    "type": "RollingUpdate",
-                    "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
-                },
-                "revisionHistoryLimit": 3,
-                "template": {
-                    "metadata": {
-                        "labels": pod_labels,
-                        "annotations": {
-                            # A batching change is a new repository: the pods roll.
-                            REPO_HASH_ANNOTATION: repository_hash,
-                            "prometheus.io/scrape": "true",
-                            "prometheus.io/port": str(METRICS_PORT),
-                            "prometheus.io/path": "/metrics",
-                        },
-                    },
-                    "spec": pod_spec,
-                },
-            },
-        }
-    )
+            "name": "engines",
+            "mountPath": f"{ENGINES_MOUNT}/{target.key}",
+            "subPath": target.key,
+            "readOnly": True,
+        },
+    ]
+    if target.checkpoint_key:
+        # vLLM: the fetched release (the LLM's Hugging Face checkpoint), shared by every
+        # architecture, from the same cache claim.
+        mounts.append(
+            {
+                "name": "engines",
+                "mountPath": f"{ENGINES_MOUNT}/{target.checkpoint_key}",
+                "subPath": target.checkpoint_key,
+                "readOnly": True,
+            }
+        )
+    return mounts
 
 
 def render_service(body: Mapping[str, Any], namespace: str) -> dict[str, Any]:

@@ -58,28 +58,9 @@ class OperatorConfig:
 
 def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
     env = os.environ if env is None else env
-    defaults = BuildSettings()
-    annotations_raw = env.get("COSYVOICE_BUILD_POD_ANNOTATIONS", "")
-    try:
-        annotations = json.loads(annotations_raw) if annotations_raw else {}
-    except ValueError:
-        raise ConfigError(
-            f"COSYVOICE_BUILD_POD_ANNOTATIONS={annotations_raw!r}: expected a JSON object"
-        ) from None
-    if not isinstance(annotations, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
-    ):
-        raise ConfigError("COSYVOICE_BUILD_POD_ANNOTATIONS: expected a JSON object of strings")
+    annotations = _pod_annotations(env)
     pull = tuple(s for s in env.get("COSYVOICE_IMAGE_PULL_SECRETS", "").split(",") if s)
-    prefixes = tuple(
-        p.strip() for p in env.get("COSYVOICE_ALLOWED_IMAGE_PREFIXES", "").split(",") if p.strip()
-    )
-    for prefix in prefixes:
-        if not prefix.endswith(("/", ":", "@")):
-            raise ConfigError(
-                f"COSYVOICE_ALLOWED_IMAGE_PREFIXES: {prefix!r} must end with '/', ':' or '@' "
-                f"(else {prefix + '-evil/...'!r} would be allowed too)"
-            )
+    prefixes = _image_prefixes(env)
     retention = _float(env, "COSYVOICE_ENGINE_RETENTION_SECONDS", 7 * 24 * 3600.0)
     grace = _float(env, "COSYVOICE_SUPERSEDED_GRACE_SECONDS", 30.0)
     workers = _int(env, "COSYVOICE_WORKERS", 4)
@@ -96,6 +77,65 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
             f"COSYVOICE_PEERING_LIFETIME_SECONDS={env.get('COSYVOICE_PEERING_LIFETIME_SECONDS')!r}"
             ": must be at least 10"
         )
+    build = _build_settings(env, annotations, pull)
+    _check_allowed("COSYVOICE_BUILDER_IMAGE", build.default_builder_image, prefixes)
+    serving = ServingSettings(
+        default_image=env.get("COSYVOICE_SERVING_IMAGE") or ServingSettings().default_image
+    )
+    _check_allowed("COSYVOICE_SERVING_IMAGE", serving.default_image, prefixes)
+    return OperatorConfig(
+        build=build,
+        serving=serving,
+        allowed_image_prefixes=prefixes,
+        engine_retention_seconds=retention,
+        superseded_grace_seconds=grace,
+        workers=workers,
+        metrics_window_seconds=window,
+        prometheus_url=env.get("COSYVOICE_PROMETHEUS_URL", ""),
+        peering_lifetime_seconds=lifetime,
+    )
+
+
+def _pod_annotations(env: Mapping[str, str]) -> dict[str, str]:
+    annotations_raw = env.get("COSYVOICE_BUILD_POD_ANNOTATIONS", "")
+    try:
+        annotations = json.loads(annotations_raw) if annotations_raw else {}
+    except ValueError:
+        raise ConfigError(
+            f"COSYVOICE_BUILD_POD_ANNOTATIONS={annotations_raw!r}: expected a JSON object"
+        ) from None
+    if not isinstance(annotations, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+    ):
+        raise ConfigError("COSYVOICE_BUILD_POD_ANNOTATIONS: expected a JSON object of strings")
+    return annotations
+
+
+def _image_prefixes(env: Mapping[str, str]) -> tuple[str, ...]:
+    prefixes = tuple(
+        p.strip() for p in env.get("COSYVOICE_ALLOWED_IMAGE_PREFIXES", "").split(",") if p.strip()
+    )
+    for prefix in prefixes:
+        if not prefix.endswith(("/", ":", "@")):
+            raise ConfigError(
+                f"COSYVOICE_ALLOWED_IMAGE_PREFIXES: {prefix!r} must end with '/', ':' or '@' "
+                f"(else {prefix + '-evil/...'!r} would be allowed too)"
+            )
+    return prefixes
+
+
+def _check_allowed(name: str, image: str, prefixes: tuple[str, ...]) -> None:
+    if prefixes and not image.startswith(prefixes):
+        raise ConfigError(
+            f"{name}={image!r} is not under "
+            f"COSYVOICE_ALLOWED_IMAGE_PREFIXES ({', '.join(prefixes)})"
+        )
+
+
+def _build_settings(
+    env: Mapping[str, str], annotations: dict[str, str], pull: tuple[str, ...]
+) -> BuildSettings:
+    defaults = BuildSettings()
     deadline = _int(env, "COSYVOICE_BUILD_DEADLINE_SECONDS", defaults.active_deadline_seconds)
     if deadline < 1:
         raise ConfigError(
@@ -116,7 +156,7 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
             f"least {min_ttl} (60 s, and the longest retry wait plus 30 s), or a "
             "finished build Job may be deleted before the operator records or retries it"
         )
-    build = BuildSettings(
+    return BuildSettings(
         default_builder_image=env.get("COSYVOICE_BUILDER_IMAGE") or defaults.default_builder_image,
         backoff_limit=_int(env, "COSYVOICE_BUILD_BACKOFF_LIMIT", defaults.backoff_limit),
         active_deadline_seconds=deadline,
@@ -127,28 +167,4 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
         pod_annotations=annotations,
         image_pull_secrets=pull,
         scratch_size=env.get("COSYVOICE_BUILD_SCRATCH_SIZE") or defaults.scratch_size,
-    )
-    if prefixes and not build.default_builder_image.startswith(prefixes):
-        raise ConfigError(
-            f"COSYVOICE_BUILDER_IMAGE={build.default_builder_image!r} is not under "
-            f"COSYVOICE_ALLOWED_IMAGE_PREFIXES ({', '.join(prefixes)})"
-        )
-    serving = ServingSettings(
-        default_image=env.get("COSYVOICE_SERVING_IMAGE") or ServingSettings().default_image
-    )
-    if prefixes and not serving.default_image.startswith(prefixes):
-        raise ConfigError(
-            f"COSYVOICE_SERVING_IMAGE={serving.default_image!r} is not under "
-            f"COSYVOICE_ALLOWED_IMAGE_PREFIXES ({', '.join(prefixes)})"
-        )
-    return OperatorConfig(
-        build=build,
-        serving=serving,
-        allowed_image_prefixes=prefixes,
-        engine_retention_seconds=retention,
-        superseded_grace_seconds=grace,
-        workers=workers,
-        metrics_window_seconds=window,
-        prometheus_url=env.get("COSYVOICE_PROMETHEUS_URL", ""),
-        peering_lifetime_seconds=lifetime,
     )

@@ -1,0 +1,372 @@
+"""What one metrics sample asks for: rules 3 and 4 of `policy` (pure).
+
+No traffic recommends 0; no Ready pod holds (a fleet at 0 that sees requests gets 1); with
+in-flight and completion data each pod is an M/M/c queue (`queueing`) whose slots are
+measured at saturation, remembered or fitted, and the recommendation is the fewest replicas
+the model keeps under the target (above the band), the count in force (within it), or the
+fewest that stay under 90 % of it (below, never above the count in force); without that data
+the latency ratio alone is used. `policy`'s docstring states each rule; `policy.decide`
+then applies the windows, steps and bounds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from cosyvoice_operator.api.spec import AutoscalingSpec
+from cosyvoice_operator.autoscaling.queueing import (
+    MAX_SLOTS,
+    fitted_slots,
+    queue_seconds,
+    replicas_for,
+)
+
+if TYPE_CHECKING:  # policy holds the vocabulary and imports this module
+    from cosyvoice_operator.autoscaling.policy import Fleet, Number, Observation, Recommendation
+
+# Kubernetes HPA's default tolerance (--horizontal-pod-autoscaler-tolerance=0.1).
+TOLERANCE = 0.1
+# Without a concurrency signal, the most one evaluation multiplies the Ready pods by
+# (HPA's default scale-up policy allows 100 % per period).
+LATENCY_ONLY_MAX_RATIO = 2.0
+
+
+@dataclass
+class Assessment:
+    """What one sample asks for, before windows, steps, capacity on its way, and bounds."""
+
+    raw: int
+    regime: str
+    seen: str
+    why: str
+    slots: int | None
+    pending: float | None
+    predict_ms: Callable[[int], float] | None = None  # queue latency predicted on n replicas
+    numbers: dict[str, Number] = field(default_factory=dict)
+
+
+@dataclass
+class _Sample:
+    """One usable sample as rule 4 reads it."""
+
+    latency: float  # queue latency, ms
+    pending: float  # requests waiting, all pods
+    ratio: float  # latency / target
+    completions: float  # per second, all pods
+    in_service: float  # requests in service (Little's law), 0 without a concurrency signal
+    seen: str  # what was seen, for the reason
+    numbers: dict[str, Number]
+
+    @property
+    def above(self) -> bool:
+        return self.ratio > 1 + TOLERANCE
+
+    @property
+    def below(self) -> bool:
+        return self.ratio < 1 - TOLERANCE
+
+
+def assess(
+    spec: AutoscalingSpec,
+    obs: Observation,
+    fleet: Fleet,
+    kept: tuple[Recommendation, ...],
+    now: dt.datetime,
+) -> Assessment:
+    """Rules 3 and 4: the raw recommendation of one usable sample."""
+    current, ready = fleet.current, fleet.ready
+    remembered = next((r.slots_per_pod for r in reversed(kept) if r.slots_per_pod), None)
+    if obs.no_traffic:
+        return Assessment(
+            raw=0,
+            regime="NoTraffic",
+            seen="no traffic (fresh series, every rate 0)",
+            why="no replica is needed for it",
+            slots=remembered,
+            pending=0.0,
+            predict_ms=lambda n: 0.0,
+        )
+    sample = _read(obs, spec.target_queue_latency_milliseconds, ready)
+    seen, numbers, pending = sample.seen, sample.numbers, sample.pending
+    if ready == 0:
+        demand = (
+            pending > 0 or sample.latency > 0 or bool(obs.in_flight) or bool(obs.completion_rate)
+        )
+        if current == 0 and demand:
+            why = "requests arrive and no replica runs: one is needed"
+            return Assessment(1, "WakeUp", seen, why, remembered, pending, numbers=numbers)
+        why = "no replica is Ready, so there is no per-pod load to measure yet"
+        return Assessment(current, "NoReadyPods", seen, why, remembered, pending, numbers=numbers)
+    if sample.in_service <= 0:
+        pressing = pending >= ready  # no rate to turn the line into a wait: one per pod
+        regimes = (sample.above, sample.below, pressing)
+        return _latency_only(
+            sample.latency, sample.ratio, pending, fleet, seen, remembered, numbers, regimes
+        )
+    return _queueing(spec, sample, fleet, kept, now, remembered)
+
+
+def _read(obs: Observation, target: float, ready: int) -> _Sample:
+    latency = nonnegative(obs.queue_latency_ms)
+    pending = nonnegative(obs.pending_requests)
+    ratio = latency / target
+    numbers: dict[str, Number] = {
+        "queueLatencyMilliseconds": round(latency, 3),
+        "queueLatencyRatio": round(ratio, 4),
+        "pendingRequests": round(pending, 3),
+    }
+    if obs.in_flight is not None:
+        numbers["inFlight"] = round(nonnegative(obs.in_flight), 3)
+    if obs.completion_rate is not None:
+        numbers["completionRate"] = round(nonnegative(obs.completion_rate), 4)
+    seen = (
+        f"queue latency {latency:.1f} ms against a {target:g} ms target ({ratio:.2f}x), "
+        f"{count_text(pending)} waiting, {ready} Ready"
+    )
+    completions = nonnegative(obs.completion_rate)
+    in_service = 0.0
+    if obs.in_flight is not None and completions > 0:
+        in_service = nonnegative(obs.in_flight) - completions * latency / 1000.0
+    return _Sample(latency, pending, ratio, completions, in_service, seen, numbers)
+
+
+def _latency_only(
+    latency: float,
+    ratio: float,
+    pending: float,
+    fleet: Fleet,
+    seen: str,
+    remembered: int | None,
+    numbers: dict[str, Number],
+    regimes: tuple[bool, bool, bool],
+) -> Assessment:
+    """Rule 4 without a concurrency signal (no in-flight or completion data)."""
+    above, below, pressing = regimes
+    current, ready = fleet.current, fleet.ready
+
+    def predict_ms(n: int) -> float:
+        # Latency proportional to the load per pod: optimistic near a queue's knee, which is
+        # why this path removes one replica per window at most.
+        return latency * ready / n if n > 0 else math.inf
+
+    seen += " (no concurrency signal: the latency ratio alone)"
+    if above:
+        raw = max(current, math.ceil(ready * min(ratio, LATENCY_ONLY_MAX_RATIO)))
+        why = f"{raw} recommended (at most {LATENCY_ONLY_MAX_RATIO:g}x the Ready pods)"
+        regime = "AboveTarget"
+    elif pressing:
+        raw = max(current, ready + 1)
+        why, regime = "requests are waiting: one more replica", "RequestsWaiting"
+    elif not below:
+        raw, regime = current, "WithinTolerance"
+        why = f"within the ±{TOLERANCE:.0%} tolerance of the target"
+    else:
+        fit = math.ceil(ready * ratio / (1 - TOLERANCE))
+        raw, regime = min(current, max(current - 1, fit)), "BelowTarget"
+        why = (
+            "one replica fewer per window at most"
+            if raw < current
+            else f"removing 1 of {current} would bring it above the band"
+        )
+    return Assessment(raw, regime, seen, why, remembered, pending, predict_ms, numbers)
+
+
+@dataclass(frozen=True)
+class _Model:
+    """The M/M/c model of one evaluation: the load offered to the fleet (Erlangs), each pod's
+    slots, the mean service time, and the arrival rate the load comes from."""
+
+    load: float
+    slots: int
+    service: float
+    arrivals: float
+
+    def predict_ms(self, n: int) -> float:
+        """The queue latency predicted on n replicas."""
+        return (
+            1000.0 * queue_seconds(self.load / n, self.slots, self.service) if n > 0 else math.inf
+        )
+
+    def replicas_for(self, limit_ms: float) -> int:
+        return replicas_for(self.load, self.slots, self.service, limit_ms / 1000.0)
+
+
+def _queueing(
+    spec: AutoscalingSpec,
+    sample: _Sample,
+    fleet: Fleet,
+    kept: tuple[Recommendation, ...],
+    now: dt.datetime,
+    remembered: int | None,
+) -> Assessment:
+    """Rule 4 with a concurrency signal: the M/M/c model, its slots measured or fitted."""
+    target = spec.target_queue_latency_milliseconds
+    pending, completions, in_service = sample.pending, sample.completions, sample.in_service
+    numbers = sample.numbers
+    # The leading signal: the line waiting now, drained at the completion rate, is a wait of
+    # pending / completions (Little's law); longer than the band allows is pressure.
+    line_ms = 1000.0 * pending / completions
+    pressing = pending >= 1 and line_ms > (1 + TOLERANCE) * target
+    numbers["waitingLineMilliseconds"] = round(line_ms, 3)
+    service = in_service / completions
+    per_pod = in_service / fleet.ready
+    growth = _growth(pending, kept, now, spec.evaluation_interval_seconds)
+    # Saturated: a line at least as long as what is in service can only build up when the
+    # arrivals outrun every slot (near the knee, with spare slots, the line stays short).
+    saturated = pending >= max(1.0, in_service)
+    # A short line now under a latency above the band: the latency, counted when requests
+    # complete (a whole stream later), still describes a queue that has drained.
+    lagging = sample.above and line_ms <= target and pending < fleet.ready
+    slots, source, keep = _slots(
+        saturated, per_pod, remembered, sample.above, lagging, service, sample.latency
+    )
+    if saturated and growth is not None:
+        arrivals = max(completions + growth, 0.0)
+        load = arrivals * service
+    else:
+        arrivals = completions
+        load = in_service + pending  # a waiting request is load too
+    numbers.update(
+        {
+            "inService": round(in_service, 3),
+            "serviceTimeSeconds": round(service, 4),
+            "loadPerPod": round(per_pod, 3),
+            "slotsPerPod": slots,
+            "slotsSource": source,
+            "utilization": round(per_pod / slots, 4),
+            "arrivalRate": round(arrivals, 4),
+            "load": round(load, 3),
+        }
+    )
+    if growth is not None:
+        numbers["pendingGrowthPerSecond"] = round(growth, 4)
+    seen = sample.seen + (
+        f" ({per_pod:.1f} of {slots} slots busy per pod, {service:.2f} s per request)"
+    )
+    model = _Model(load, slots, service, arrivals)
+    if sample.above or pressing:
+        raw, regime, why = _above_band(
+            model, fleet, target, sample.above, pressing, lagging, growth, line_ms
+        )
+    elif not sample.below:
+        raw, regime = fleet.current, "WithinTolerance"
+        why = f"within the ±{TOLERANCE:.0%} tolerance of the target"
+    else:
+        raw, regime, why = _below_band(model, fleet.current, target, numbers)
+    return Assessment(raw, regime, seen, why, keep, pending, model.predict_ms, numbers)
+
+
+def _growth(
+    pending: float, kept: tuple[Recommendation, ...], now: dt.datetime, interval: int
+) -> float | None:
+    """How fast the waiting line grows (requests per second), from the previous evaluation
+    when it is recent enough."""
+    previous = kept[-1] if kept else None
+    if previous is not None and previous.pending_requests is not None:
+        elapsed = (now - previous.time).total_seconds()
+        if 0 < elapsed <= 2 * interval:
+            return (pending - previous.pending_requests) / elapsed
+    return None
+
+
+def _slots(
+    saturated: bool,
+    per_pod: float,
+    remembered: int | None,
+    above: bool,
+    lagging: bool,
+    service: float,
+    latency_ms: float,
+) -> tuple[int, str, int | None]:
+    """The slots per pod for this evaluation, where they come from, and what to remember
+    (the module docstring's three cases)."""
+    if saturated:
+        slots = min(MAX_SLOTS, max(1, round(per_pod)))
+        return slots, "saturation", slots
+    if remembered is not None and per_pod < remembered:
+        if above and not lagging:
+            # Worse than allowed: the model must explain what was seen (fewer slots than
+            # remembered, if that is what it takes), for this evaluation only.
+            fitted = fitted_slots(per_pod, service, latency_ms / 1000.0)
+            if fitted < remembered:
+                return fitted, "fitted", remembered
+        return remembered, "remembered", remembered
+    slots = fitted_slots(per_pod, service, latency_ms / 1000.0)
+    return slots, "fitted", None if above else slots  # a fit above the band may lag
+
+
+def _above_band(
+    model: _Model,
+    fleet: Fleet,
+    target: float,
+    above: bool,
+    pressing: bool,
+    lagging: bool,
+    growth: float | None,
+    line_ms: float,
+) -> tuple[int, str, str]:
+    """Above the band or under pressure: the fewest replicas that bring the predicted queue
+    time under the target, never fewer than in force."""
+    current = fleet.current
+    need = model.replicas_for(target)
+    raw = max(current, need)
+    shrinking = growth is not None and growth < 0
+    why = f"{need} replicas bring it under target at {model.arrivals:.2f} arrivals/s"
+    if pressing and not shrinking and raw < fleet.ready + 1:
+        raw = fleet.ready + 1
+        why += f"; the waiting line is over the band: at least {raw}"
+    elif lagging and need <= current:
+        why += (
+            f"; the line now is short ({line_ms:.0f} ms): the latency, counted when "
+            "requests complete, lags"
+        )
+    elif shrinking and need <= current:
+        why += " (the waiting line is shrinking)"
+    return raw, "AboveTarget" if above else "RequestsWaiting", why
+
+
+def _below_band(
+    model: _Model, current: int, target: float, numbers: dict[str, Number]
+) -> tuple[int, str, str]:
+    """Below the band: the consolidation check (the fewest replicas that stay under 90 % of
+    the target), never above the count in force."""
+    limit = (1 - TOLERANCE) * target
+    need = model.replicas_for(limit)
+    # Never above the count in force (the model never overrules a latency under target),
+    # but a fleet set to 0 that still serves traffic keeps one.
+    raw = min(max(current, 1), need)
+    if raw < current:
+        why = (
+            f"{need} replicas keep it under {limit:g} ms "
+            f"(predicted {model.predict_ms(max(need, 1)):.1f} ms)"
+        )
+    elif current <= 1:
+        why = "traffic needs at least one replica"
+    else:
+        predicted = model.predict_ms(current - 1)
+        numbers["predictedQueueLatencyWithOneFewerMilliseconds"] = (
+            round(predicted, 3) if math.isfinite(predicted) else "inf"
+        )
+        outcome = (
+            f"raise it to {predicted:.1f} ms"
+            if math.isfinite(predicted)
+            else "saturate the remaining ones"
+        )
+        why = (
+            f"removing 1 of {current} would {outcome}, above {limit:g} ms "
+            f"({1 - TOLERANCE:.0%} of the target)"
+        )
+    return raw, "BelowTarget", why
+
+
+def count_text(value: float) -> str:
+    """A request count as people read it: whole when it is, else one decimal."""
+    return str(round(value)) if abs(value - round(value)) < 0.05 else f"{value:.1f}"
+
+
+def nonnegative(value: float | None) -> float:
+    return max(0.0, value) if value is not None else 0.0
