@@ -10,7 +10,14 @@
 
 For upstream's published releases the companion repositories upstream's scripts download
 too (the LLM as a Hugging Face checkpoint, CosyVoice3's fp16 estimator export) are fetched
-into the same directory (:mod:`~cosyvoice_engine_builder.releases`).
+into the same directory (:mod:`~cosyvoice_engine_builder.releases`), each at its pinned
+commit where it has one.
+
+Every Hugging Face repository is resolved to a commit first (``HfApi.model_info``) and
+downloaded at that commit, so that what is recorded is what was fetched even while a branch
+moves; the commits go to ``<work>/fetched.json`` and from there into the manifest. With
+``--sha256-list`` every file the list names must then hash to its digest (a permanent
+failure otherwise).
 
 Errors that a retry cannot fix (no such repository, revision, bucket or prefix; a gated
 repository or refused credentials) are permanent, so the Job fails at once and the service
@@ -23,13 +30,16 @@ because they exist only in the builder image.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
-from cosyvoice_engine_builder.releases import Companion, companions
+from cosyvoice_engine_builder.releases import Companion, companions, pinned_revision
 from cosyvoice_engine_builder.request import BuildRequest
 from cosyvoice_engine_builder.runner import Command, CommandFailed, Runner
 from cosyvoice_engine_builder.toolchain import find_executable
@@ -107,10 +117,24 @@ class S3Client(Protocol):
     def download_file(self, Bucket: str, Key: str, Filename: str) -> None: ...
 
 
+class HfResolve(Protocol):
+    """The commit a repository's revision ("" or None: the default branch) is at now."""
+
+    def __call__(self, *, repo_id: str, revision: str | None, token: str | None) -> str: ...
+
+
 @dataclass(frozen=True)
 class Downloaders:
     hf_snapshot_download: HfSnapshotDownload | None = None
     s3_client_factory: Callable[[], S3Client] | None = None
+    # Default: the Hub's own answer with the real download; none with a fake download (the
+    # revisions are then recorded as asked, without a resolved commit).
+    hf_resolve: HfResolve | None = None
+
+
+def _real_hf_resolve(*, repo_id: str, revision: str | None, token: str | None) -> str:
+    hub = importlib.import_module("huggingface_hub")
+    return str(hub.HfApi().model_info(repo_id, revision=revision, token=token).sha)
 
 
 def _real_hf_snapshot_download(
@@ -137,6 +161,35 @@ def model_dir(request: BuildRequest) -> Path:
     return request.work_dir / "model"
 
 
+def fetched_path(request: BuildRequest) -> Path:
+    """Where the fetch writes what it fetched (repositories and their resolved commits)."""
+    return request.work_dir / "fetched.json"
+
+
+def read_fetched(request: BuildRequest) -> dict[str, Any]:
+    """What the fetch recorded ({} when it recorded nothing: pvc://, s3://)."""
+    try:
+        data = json.loads(fetched_path(request).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def companion_plan(request: BuildRequest) -> list[tuple[Companion, str]]:
+    """The companions to fetch and the commit each is pinned to ("" for none); a pin that
+    names no companion of this release is refused (a typo must not go unpinned)."""
+    found = companions(request.variant, request.source)
+    known = {c.uri.lower() for c in found}
+    for uri, _ in request.companion_revisions:
+        if uri not in known:
+            raise FetchError(
+                f"--companion-revision {uri}: not a companion repository of "
+                f"{request.source.uri} ({', '.join(sorted(known)) or 'it has none'})",
+                permanent=True,
+            )
+    return [(c, pinned_revision(c, request.companion_revisions)) for c in found]
+
+
 def describe(request: BuildRequest, environ: Mapping[str, str]) -> str:
     """A human-readable account of what fetching will do (for logs and the dry run)."""
     source, target = request.source, model_dir(request)
@@ -144,9 +197,10 @@ def describe(request: BuildRequest, environ: Mapping[str, str]) -> str:
     if source.scheme == "hf":
         text = _describe_hf(source.authority, revision, target)
         for extra in companions(request.variant, source):
+            pin = pinned_revision(extra, request.companion_revisions) or None
             text += (
                 f"; then, for {extra.what}, "
-                f"{_describe_hf(extra.source.authority, None, target / extra.into)}"
+                f"{_describe_hf(extra.source.authority, pin, target / extra.into)}"
             )
         return text
     if source.scheme == "s3":
@@ -195,11 +249,32 @@ def fetch_model(
     target.mkdir(parents=True, exist_ok=True)
     if scheme == "hf":
         download = downloaders.hf_snapshot_download or _real_hf_snapshot_download
+        resolve = downloaders.hf_resolve or (
+            _real_hf_resolve if downloaders.hf_snapshot_download is None else None
+        )
         token = environ.get("HF_TOKEN") or environ.get("HUGGING_FACE_HUB_TOKEN") or None
-        _hf_fetch(download, request.source.uri, request.revision, token, target)
-        for extra in companions(request.variant, request.source):
+        plan = companion_plan(request)
+        resolved = _hf_fetch(download, resolve, request.source.uri, request.revision, token, target)
+        fetched: dict[str, Any] = {
+            "uri": request.source.uri,
+            "revision": request.revision,
+            "resolvedRevision": resolved,
+            "companions": [],
+        }
+        for extra, pin in plan:
             echo(f"{request.source.uri} is an upstream release: also fetching {extra.what}")
-            _hf_fetch(download, extra.uri, "", token, target / extra.into, extra)
+            got = _hf_fetch(download, resolve, extra.uri, pin, token, target / extra.into, extra)
+            if not pin:
+                echo(
+                    f"note: {extra.uri} is not pinned to a commit: fetched at its default branch"
+                    + (f", commit {got}" if got else "")
+                    + " (pin it with --companion-revision)"
+                )
+            fetched["companions"].append(
+                {"uri": extra.uri, "into": extra.into, "revision": pin, "resolvedRevision": got}
+            )
+        _write_fetched(request, fetched)
+        verify_sha256_list(request, target)
         return target
 
     aws = environ.get("AWS_CLI") or "aws"
@@ -217,25 +292,91 @@ def fetch_model(
     if not any(target.iterdir()):
         # The listing itself succeeded (S3 is strongly consistent): the path is wrong.
         raise FetchError(f"{request.source.uri}/ is empty or does not exist", permanent=True)
+    verify_sha256_list(request, target)
     return target
+
+
+def _write_fetched(request: BuildRequest, fetched: Mapping[str, Any]) -> None:
+    path = fetched_path(request)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(fetched, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+_SHA256_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
+
+
+def verify_sha256_list(request: BuildRequest, target: Path) -> None:
+    """Every file ``--sha256-list`` names (sha256sum's format, paths relative to the model
+    directory) hashes to its digest; a permanent failure otherwise. Files it does not name
+    are not checked: the list says what matters."""
+    if request.sha256_list is None:
+        return
+    try:
+        lines = request.sha256_list.read_text().splitlines()
+    except OSError as exc:
+        raise FetchError(f"--sha256-list {request.sha256_list}: {exc}", permanent=True) from exc
+    checked = 0
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        match = _SHA256_LINE.match(line)
+        rel = match.group(2) if match else ""
+        parts = PurePosixPath(rel).parts
+        if not match or rel.startswith("/") or ".." in parts:
+            raise FetchError(
+                f"--sha256-list {request.sha256_list}:{number}: expected '<sha256>  <relative "
+                f"path>' (sha256sum's format) without '..', got {line[:120]!r}",
+                permanent=True,
+            )
+        path = target.joinpath(*parts)
+        if not path.is_file():
+            raise FetchError(
+                f"{rel}: listed in --sha256-list but not in the fetched model", permanent=True
+            )
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest() != match.group(1).lower():
+            raise FetchError(
+                f"{rel}: sha256 {digest.hexdigest()} is not the {match.group(1).lower()} "
+                "--sha256-list expects: refusing to build from it",
+                permanent=True,
+            )
+        checked += 1
+    if checked == 0:
+        raise FetchError(f"--sha256-list {request.sha256_list} lists no file", permanent=True)
 
 
 def _hf_fetch(
     download: HfSnapshotDownload,
+    resolve: HfResolve | None,
     uri: str,
     revision: str,
     token: str | None,
     target: Path,
     companion: Companion | None = None,
-) -> None:
+) -> str:
+    """Download ``uri`` at ``revision`` into ``target``; the commit it resolved to ("" when
+    there is no resolver)."""
     target.mkdir(parents=True, exist_ok=True)
+    repo_id = uri.removeprefix("hf://")
+    commit = ""
     try:
+        if resolve is not None:
+            commit = resolve(repo_id=repo_id, revision=revision or None, token=token)
+            if not re.fullmatch(r"[0-9a-f]{40}", commit):
+                raise FetchError(f"{uri}: the Hub answered {commit[:60]!r}, not a commit")
         download(
-            repo_id=uri.removeprefix("hf://"),
-            revision=revision or None,
+            repo_id=repo_id,
+            revision=commit or revision or None,
             token=token,
             local_dir=str(target),
         )
+    except FetchError:
+        raise
     except Exception as exc:
         permanent = is_permanent(exc)
         hint = ""
@@ -247,6 +388,7 @@ def _hf_fetch(
             f"{type(exc).__name__}: {exc}{hint}",
             permanent=permanent,
         ) from exc
+    return commit
 
 
 def _boto3_download(

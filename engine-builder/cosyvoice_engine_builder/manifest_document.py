@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cosyvoice_engine_builder.manifest import SCHEMA_VERSION
-from cosyvoice_engine_builder.releases import companions
+from cosyvoice_engine_builder.releases import companions, pinned_revision
 from cosyvoice_engine_builder.request import BuildRequest, KvCacheType
 from cosyvoice_engine_builder.toolchain import Versions
 
@@ -23,18 +23,17 @@ def manifest_document(
     versions: Versions,
     layout_fields: Mapping[str, str],
     files: list[dict[str, Any]],
+    fetched: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The whole manifest of one build, given the files as publish listed them."""
+    """The whole manifest of one build, given the files as publish listed them and what the
+    fetch recorded (:func:`~.fetch.read_fetched`: the commit every Hugging Face repository
+    resolved to)."""
     r = request
     return {
         "schemaVersion": SCHEMA_VERSION,
         "key": r.key,
         "variant": r.variant.value,
-        "model": {
-            "uri": r.source.uri,
-            "revision": r.revision,
-            "companions": [{"uri": c.uri, "into": c.into} for c in companions(r.variant, r.source)],
-        },
+        "model": model_fields(r, fetched or {}),
         **llm_fields(r),
         "gpuArch": r.gpu_arch,
         "versions": {
@@ -46,6 +45,29 @@ def manifest_document(
         "layout": dict(layout_fields),
         "files": files,
     }
+
+
+def model_fields(request: BuildRequest, fetched: Mapping[str, Any]) -> dict[str, Any]:
+    """Where the model came from: the URI and revision asked for, each companion repository
+    with the commit it was pinned to, and (for hf://) the commit every repository resolved
+    to when it was fetched ("" where nothing resolved it)."""
+    r = request
+    got = {str(c.get("uri", "")).lower(): c for c in fetched.get("companions") or []}
+    fields: dict[str, Any] = {"uri": r.source.uri, "revision": r.revision}
+    if fetched:
+        fields["resolvedRevision"] = str(fetched.get("resolvedRevision") or "")
+    fields["companions"] = []
+    for c in companions(r.variant, r.source):
+        entry: dict[str, Any] = {"uri": c.uri, "into": c.into}
+        pin = pinned_revision(c, r.companion_revisions)
+        if pin:
+            entry["revision"] = pin
+        if fetched:
+            entry["resolvedRevision"] = str(got.get(c.uri.lower(), {}).get("resolvedRevision", ""))
+        fields["companions"].append(entry)
+    if r.sha256_list is not None:
+        fields["sha256List"] = str(r.sha256_list)
+    return fields
 
 
 def llm_fields(request: BuildRequest) -> dict[str, Any]:

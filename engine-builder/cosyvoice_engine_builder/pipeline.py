@@ -14,6 +14,7 @@ fetch and publish only, publishing the model directory, and needs no GPU and no 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +23,13 @@ from pathlib import Path
 
 from cosyvoice_engine_builder import commands
 from cosyvoice_engine_builder.commands import PlanSpec, ToolPaths
-from cosyvoice_engine_builder.fetch import Downloaders, FetchError, fetch_model, model_dir
+from cosyvoice_engine_builder.fetch import (
+    Downloaders,
+    FetchError,
+    fetch_model,
+    model_dir,
+    read_fetched,
+)
 from cosyvoice_engine_builder.fetch import describe as describe_fetch
 from cosyvoice_engine_builder.layout import (
     ENGINE_LLM_DIR,
@@ -39,7 +46,7 @@ from cosyvoice_engine_builder.manifest_document import manifest_document
 from cosyvoice_engine_builder.progress import Console, StepLog
 from cosyvoice_engine_builder.publish import Placement, publish
 from cosyvoice_engine_builder.redaction import without_secrets
-from cosyvoice_engine_builder.releases import companions, known_releases
+from cosyvoice_engine_builder.releases import companions, known_releases, pinned_revision
 from cosyvoice_engine_builder.request import Artifact, BuildRequest
 from cosyvoice_engine_builder.runner import Command, CommandFailed, Runner
 from cosyvoice_engine_builder.steps import StepMarkers, params_digest
@@ -174,7 +181,11 @@ class Pipeline:
                 "uri": r.source.uri,
                 "revision": r.revision,
                 "modelDir": str(model_dir(r)),
-                "companions": [(c.uri, c.into) for c in companions(r.variant, r.source)],
+                "companions": [
+                    (c.uri, c.into, pinned_revision(c, r.companion_revisions))
+                    for c in companions(r.variant, r.source)
+                ],
+                "sha256List": _file_digest(r.sha256_list),
             }
         )
 
@@ -461,7 +472,9 @@ class Pipeline:
             cache_dir=r.cache_dir,
             key=r.key,
             placements=placements,
-            manifest_for=lambda files: manifest_document(r, versions, layout_fields, files),
+            manifest_for=lambda files: manifest_document(
+                r, versions, layout_fields, files, read_fetched(r)
+            ),
             echo=log.line,
         )
         if result.already_present:
@@ -558,3 +571,13 @@ class Pipeline:
             f"{target} -> {ENGINE_MODEL_DIR}/ in {r.partial_dir}; manifest.json last; "
             f"rename to {r.engine_dir}",
         )
+
+
+def _file_digest(path: Path | None) -> str:
+    """The sha256 of a small input file (a new list must fetch again), "" for none."""
+    if path is None:
+        return ""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return "unreadable"

@@ -22,11 +22,13 @@ from cosyvoice_engine_builder.request import ModelSource, Variant, parse_model_u
 
 @dataclass(frozen=True)
 class Companion:
-    """A repository fetched beside the model: into its root ("") or a subdirectory."""
+    """A repository fetched beside the model: into its root ("") or a subdirectory, at the
+    commit ``revision`` ("" for its default branch)."""
 
     uri: str
     into: str
     what: str
+    revision: str = ""
 
     @property
     def source(self) -> ModelSource:
@@ -34,8 +36,13 @@ class Companion:
 
 
 # Keyed by variant and the official repository's URI (hf:// only: these are published there).
-# Revisions: the companions are taken at their default branch, as upstream does; the model's
-# own --revision applies to the official repository only.
+# Revisions: a companion is fetched at its ``revision`` commit where the table pins one, or
+# at the commit --companion-revision gives it (the operator's COSYVOICE_COMPANION_REVISIONS,
+# part of the engine key), else at its default branch as upstream does. The model's own
+# --revision applies to the official repository only. Whatever was asked, the commit each
+# repository resolved to is in the manifest (model.resolvedRevision,
+# model.companions[].resolvedRevision). The table's pins are empty: the commits could not be
+# looked up where this was written (no network); pin them here, or per install.
 RELEASES: dict[tuple[Variant, str], tuple[Companion, ...]] = {
     (Variant.COSYVOICE2, "hf://FunAudioLLM/CosyVoice2-0.5B"): (
         Companion(
@@ -67,6 +74,11 @@ _BY_URI = {(variant, uri.lower()): found for (variant, uri), found in RELEASES.i
 def companions(variant: Variant, source: ModelSource) -> tuple[Companion, ...]:
     """What to fetch beside ``source`` for a known release; () for anything else."""
     return _BY_URI.get((variant, source.uri.lower()), ())
+
+
+def pinned_revision(companion: Companion, overrides: tuple[tuple[str, str], ...]) -> str:
+    """The commit to fetch ``companion`` at: the request's pin, the table's, or ""."""
+    return dict(overrides).get(companion.uri.lower(), companion.revision)
 
 
 def known_releases(variant: Variant) -> list[str]:

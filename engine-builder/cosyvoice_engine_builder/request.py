@@ -9,6 +9,7 @@ is rejected before anything is touched.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
@@ -72,6 +73,10 @@ _GPU_ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
 _HF_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
+# A Hugging Face branch, tag or commit, or an S3 version id: the CRD's character set.
+_REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/+=-]{0,255}$")
+# A full git commit (what a pin must be: a branch or tag can move).
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,34 @@ def parse_model_uri(uri: str) -> ModelSource:
     raise InvalidRequest(
         f"--model-uri {uri!r}: unsupported scheme {scheme!r} (use hf://, s3:// or pvc://)"
     )
+
+
+def validate_revision(revision: str) -> str:
+    """ "" (the default branch) or a revision of the CRD's character set, without '..'."""
+    if revision and (not _REVISION_RE.match(revision) or ".." in revision):
+        raise InvalidRequest(
+            f"--revision {revision!r}: expected a branch, tag, commit or version id (letters, "
+            "digits and . _ - / + =, starting with a letter or digit, no '..')"
+        )
+    return revision
+
+
+def parse_companion_revisions(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """``--companion-revision hf://ORG/NAME=COMMIT``, each a full 40-hex commit."""
+    pins: dict[str, str] = {}
+    for value in values:
+        uri, sep, commit = value.partition("=")
+        source = parse_model_uri(uri) if sep else None
+        if source is None or source.scheme != "hf" or not COMMIT_RE.match(commit):
+            raise InvalidRequest(
+                f"--companion-revision {value!r}: expected hf://ORG/NAME=COMMIT with the full "
+                "40-character commit (a branch or tag can move)"
+            )
+        key = source.uri.lower()
+        if pins.get(key, commit) != commit:
+            raise InvalidRequest(f"--companion-revision: {uri} is pinned twice")
+        pins[key] = commit
+    return tuple(sorted(pins.items()))
 
 
 def validate_key(key: str) -> str:
@@ -222,6 +255,12 @@ class BuildRequest:
     kv_cache_type: KvCacheType = KvCacheType.AUTO
     smooth_quant: SmoothQuant | None = None
     artifact: Artifact = Artifact.ENGINE
+    # Commits the companion repositories of a known release are fetched at, by lower-case
+    # hf:// URI, over the release table's own pins (releases.py).
+    companion_revisions: tuple[tuple[str, str], ...] = ()
+    # A sha256sum-format list of files (relative to the fetched model directory) that the
+    # fetched model must match, byte for byte.
+    sha256_list: Path | None = None
 
     @property
     def builds_llm(self) -> bool:
@@ -252,6 +291,8 @@ class BuildRequest:
         smoothquant_per_token: bool = False,
         smoothquant_per_channel: bool = False,
         llm_runtime: str = "tensorrt-llm",
+        companion_revisions: Sequence[str] = (),
+        sha256_list: Path | None = None,
     ) -> BuildRequest:
         key = validate_key(key)
         try:
@@ -288,7 +329,7 @@ class BuildRequest:
                 cache_dir=cache_dir,
                 variant=variant_value,
                 source=parse_model_uri(model_uri),
-                revision=revision,
+                revision=validate_revision(revision),
                 precision=Precision.FLOAT16,
                 tensor_parallel_size=1,
                 max_batch_size=1,
@@ -296,6 +337,8 @@ class BuildRequest:
                 gpu_arch=validate_gpu_arch(gpu_arch),
                 work_dir=work_dir if work_dir is not None else cache_dir / ".work" / key,
                 pvc_root=pvc_root,
+                companion_revisions=parse_companion_revisions(companion_revisions),
+                sha256_list=sha256_list,
                 artifact=Artifact.PLANS,
             )
         _check_precision_arch(precision_value, validate_gpu_arch(gpu_arch))
@@ -308,7 +351,7 @@ class BuildRequest:
             cache_dir=cache_dir,
             variant=variant_value,
             source=parse_model_uri(model_uri),
-            revision=revision,
+            revision=validate_revision(revision),
             precision=precision_value,
             tensor_parallel_size=_positive(tensor_parallel_size, "--tensor-parallel-size"),
             max_batch_size=_positive(max_batch_size, "--max-batch-size"),
@@ -316,6 +359,8 @@ class BuildRequest:
             gpu_arch=validate_gpu_arch(gpu_arch),
             work_dir=work_dir if work_dir is not None else cache_dir / ".work" / key,
             pvc_root=pvc_root,
+            companion_revisions=parse_companion_revisions(companion_revisions),
+            sha256_list=sha256_list,
             kv_cache_type=kv,
             smooth_quant=smooth_quant,
         )
@@ -331,6 +376,8 @@ class BuildRequest:
         revision: str,
         work_dir: Path | None,
         pvc_root: Path,
+        companion_revisions: Sequence[str] = (),
+        sha256_list: Path | None = None,
     ) -> BuildRequest:
         """vLLM's checkpoint: the release fetched and published, nothing built, no GPU."""
         key = validate_key(key)
@@ -345,7 +392,7 @@ class BuildRequest:
             cache_dir=cache_dir,
             variant=variant_value,
             source=parse_model_uri(model_uri),
-            revision=revision,
+            revision=validate_revision(revision),
             precision=Precision.FLOAT16,
             tensor_parallel_size=1,
             max_batch_size=1,
@@ -353,6 +400,8 @@ class BuildRequest:
             gpu_arch="",
             work_dir=work_dir if work_dir is not None else cache_dir / ".work" / key,
             pvc_root=pvc_root,
+            companion_revisions=parse_companion_revisions(companion_revisions),
+            sha256_list=sha256_list,
             artifact=Artifact.CHECKPOINT,
         )
 

