@@ -1,6 +1,7 @@
 """``cosyvoice-engine-builder``: the engine Jobs' entry point (``build|verify|remove``).
 
-It is also the serving container's (``serve``), whose exit codes are listed in
+Its ``serve`` is an alias of ``cosyvoice-serve``, the serving container's command
+(:mod:`~cosyvoice_engine_builder.serving`), whose exit codes are listed in
 :mod:`~cosyvoice_engine_builder.serving.exit_codes`; the rest of this docstring is about the
 Jobs.
 
@@ -33,7 +34,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
 
 from cosyvoice_engine_builder import __version__, termination
 from cosyvoice_engine_builder.fetch import Downloaders
@@ -55,6 +55,7 @@ from cosyvoice_engine_builder.request import (
 from cosyvoice_engine_builder.runner import Runner
 from cosyvoice_engine_builder.serving.command import serve
 from cosyvoice_engine_builder.serving.options import add_arguments as add_serve_arguments
+from cosyvoice_engine_builder.usage import RaisingParser, UsageError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -64,19 +65,6 @@ EXIT_TERMINATED = 128 + signal.SIGTERM
 
 
 _Reporter = Callable[[dict[str, object]], None]
-
-
-class _UsageError(Exception):
-    def __init__(self, message: str, usage: str) -> None:
-        super().__init__(message)
-        self.usage = usage
-
-
-class _Parser(argparse.ArgumentParser):
-    # argparse would print and exit on its own; raising lets main() also write the
-    # termination message, so a typo in the rendered Job shows up in the resource status.
-    def error(self, message: str) -> NoReturn:
-        raise _UsageError(message, self.format_usage())
 
 
 class _Terminated(BaseException):
@@ -110,7 +98,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = RaisingParser(
         prog="cosyvoice-engine-builder",
         description="Build and publish CosyVoice TensorRT-LLM engines and TensorRT plans.",
     )
@@ -186,8 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(
         sub.add_parser(
             "serve",
-            help="the serving container: check the engine against this pod, then run "
-            "trtllm-serve (cosyvoice3) and Triton",
+            help="the serving container (alias of cosyvoice-serve): check the engine against "
+            "this pod, then run trtllm-serve (cosyvoice3) and Triton",
         )
     )
     return parser
@@ -229,7 +217,7 @@ def main(
 
     try:
         args = build_parser().parse_args(argv)
-    except _UsageError as exc:
+    except UsageError as exc:
         console.err(exc.usage.rstrip())
         console.err(f"error: {exc}")
         report({"result": "failed", "step": "arguments", "message": str(exc)})

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -33,8 +33,13 @@ import pytest
 
 import cosyvoice_engine_builder
 from cosyvoice_engine_builder import cli
-from cosyvoice_engine_builder.serving import supervisor
-from cosyvoice_engine_builder.serving.options import ServeOptions, parse_llm_groups
+from cosyvoice_engine_builder.serving import command, supervisor
+from cosyvoice_engine_builder.serving.options import (
+    DEFAULT_MODEL_VIEW,
+    ServeOptions,
+    build_parser,
+    parse_llm_groups,
+)
 from cosyvoice_engine_builder.serving.repository import (
     REPOSITORY_MARKER,
     assemble_repository,
@@ -263,21 +268,30 @@ class Pod:
 
     def run(self, argv: list[str], **env_extra: str) -> Outcome:
         """In-process, for everything that stops before a server is started."""
+        return self._run(cli.main, argv, env_extra)
+
+    def run_cosyvoice_serve(self, argv: list[str], **env_extra: str) -> Outcome:
+        """The same, through ``cosyvoice-serve``: ``argv`` without the leading ``serve``."""
+        return self._run(command.main, argv, env_extra)
+
+    def _run(self, main: Callable[..., int], argv: list[str], env_extra: dict[str, str]) -> Outcome:
         self.termination_path.unlink(missing_ok=True)
         self.builder.capsys.readouterr()
-        code = cli.main(argv, environ={**self.env, **env_extra})
+        code = main(argv, environ={**self.env, **env_extra})
         captured = self.builder.capsys.readouterr()
         return Outcome(code, captured.out, captured.err, self.termination())
 
-    def start(self, argv: list[str], **env_extra: str) -> subprocess.Popen[str]:
-        """The real process, as the container runs it."""
+    def start(
+        self, argv: list[str], module: str = "cosyvoice_engine_builder", **env_extra: str
+    ) -> subprocess.Popen[str]:
+        """The real process, as the container runs it (``module``: ``python -m`` what)."""
         self.termination_path.unlink(missing_ok=True)
         env = {**self.env, **env_extra}
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p
         )
         return subprocess.Popen(
-            [sys.executable, "-m", "cosyvoice_engine_builder", *argv],
+            [sys.executable, "-m", module, *argv],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -706,6 +720,37 @@ def test_cosyvoice3_defaults_to_one_group_of_the_engines_tensor_parallel_size(po
     assert "llm1" not in result.out
 
 
+def test_cosyvoice_serve_is_the_same_command_as_the_alias(pod: Pod) -> None:
+    argv = pod.argv(dry_run=True)
+    assert argv[0] == "serve"
+    alias = pod.run(argv, FAKE_GPUS=L4)
+    own = pod.run_cosyvoice_serve(argv[1:], FAKE_GPUS=L4)
+    assert own.code == alias.code == 3
+    assert own.out == alias.out and "[triton] would run:" in own.out
+    assert own.err == alias.err and "is not sm_90" in own.err
+
+
+def test_cosyvoice_serve_usage_errors_name_it(pod: Pod) -> None:
+    result = pod.run_cosyvoice_serve(["--variant", "cosyvoice1"])
+    assert result.code == 2
+    assert result.err.startswith("usage: cosyvoice-serve ")
+    assert "invalid choice: 'cosyvoice1'" in result.err
+    assert result.termination is not None
+    assert result.termination["step"] == "arguments"
+    assert "invalid choice" in result.termination["message"]
+
+
+def test_both_entry_points_take_model_view_with_the_same_default() -> None:
+    """The operator's model_dir parameters point at --model-view: /tmp/model_view."""
+    required = ["--engine-dir", "/e", "--key", KEY, "--variant", "cosyvoice2"]
+    required += ["--repository-config", "/c"]
+    assert Path("/tmp/model_view") == DEFAULT_MODEL_VIEW
+    for parser, prefix in ((build_parser(), []), (cli.build_parser(), ["serve"])):
+        assert parser.parse_args([*prefix, *required]).model_view == DEFAULT_MODEL_VIEW
+        flagged = parser.parse_args([*prefix, *required, "--model-view", "/v"])
+        assert flagged.model_view == Path("/v")
+
+
 def test_orphans_are_reaped_and_our_children_are_left_alone() -> None:
     ours = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     # Stands for a process this one inherited: nothing tracks it.
@@ -815,6 +860,19 @@ def test_cosyvoice2_runs_triton_alone_and_forwards_sigint(
     for entry in model.iterdir():
         assert view[entry.name] == entry
     assert len(view) == len(list(model.iterdir())) + 2
+
+
+def test_cosyvoice_serve_runs_as_its_own_program(
+    pod: Pod, running: list[subprocess.Popen[str]]
+) -> None:
+    argv = pod.argv("cosyvoice2")[1:]
+    process = pod.start(argv, module="cosyvoice_engine_builder.serving", FAKE_TRITON_EXIT="5")
+    running.append(process)
+    code, out, err = _finish(process)
+    assert code == 5, out + err
+    assert "[gate] ok: the engine was built for this GPU architecture and TensorRT" in out
+    assert "[serve] Triton exited with code 5" in out
+    assert sorted(pod.calls("tritonserver", "start")[0]["models"]) == sorted(CV2_MODELS)
 
 
 def test_an_llm_server_that_exits_while_starting_stops_everything(

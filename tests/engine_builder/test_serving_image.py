@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 
 from cosyvoice_engine_builder.serving import options
@@ -18,6 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVING = REPO_ROOT / "serving-image" / "Dockerfile"
 BUILDER = REPO_ROOT / "engine-builder" / "Dockerfile"
 README = REPO_ROOT / "serving-image" / "README.md"
+PYPROJECT = REPO_ROOT / "pyproject.toml"
 SHORT_COMMIT = "ace7c47"
 _FROM_RE = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?\s*$", re.I)
 
@@ -109,10 +111,7 @@ def test_the_image_puts_things_where_serve_looks_for_them() -> None:
     instructions = _instructions(SERVING)
     entrypoints = [line for line in instructions if line.startswith("ENTRYPOINT")]
     assert len(entrypoints) == 1
-    assert json.loads(entrypoints[0].removeprefix("ENTRYPOINT")) == [
-        "cosyvoice-engine-builder",
-        "serve",
-    ]
+    assert json.loads(entrypoints[0].removeprefix("ENTRYPOINT")) == ["cosyvoice-serve"]
     dockerfile = SERVING.read_text()
     # serve's --model-code default is where the upstream stage's models are copied.
     assert Path("/opt/cosyvoice/models") == options.DEFAULT_MODEL_CODE
@@ -127,3 +126,19 @@ def test_the_image_puts_things_where_serve_looks_for_them() -> None:
     assert "HOME=/tmp" in dockerfile
     users = [line for line in instructions if line.startswith("USER")]
     assert users == ["USER 1000:1000"]
+
+
+def test_the_images_console_scripts_are_the_distributions() -> None:
+    """The image writes its own console scripts (it does not pip-install the operator's
+    distribution): each runs the function pyproject.toml names for the same script."""
+    scripts = tomllib.loads(PYPROJECT.read_text())["project"]["scripts"]
+    joined = " ".join(_instructions(SERVING))
+    for name in ("cosyvoice-serve", "cosyvoice-engine-builder"):
+        module, function = scripts[name].split(":")
+        written = re.search(
+            rf"'from {re.escape(module)} import {function}'\s+'sys\.exit\({function}\(\)\)'"
+            rf"\s+>\s+/usr/local/bin/{name}\b",
+            joined,
+        )
+        assert written, name
+        assert re.search(rf"chmod 0755 [^;&]*/usr/local/bin/{name}\b", joined), name

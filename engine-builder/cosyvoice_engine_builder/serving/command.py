@@ -11,6 +11,7 @@ termination message and an exit code (:mod:`.exit_codes`).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 
 from cosyvoice_engine_builder import termination
 from cosyvoice_engine_builder.progress import Console
+from cosyvoice_engine_builder.redaction import Redactor
 from cosyvoice_engine_builder.runner import Runner
 from cosyvoice_engine_builder.serving.exit_codes import (
     EXIT_CONFIG,
@@ -28,7 +30,7 @@ from cosyvoice_engine_builder.serving.exit_codes import (
 )
 from cosyvoice_engine_builder.serving.gate import GateResult, PodFacts, observe_pod, run_gate
 from cosyvoice_engine_builder.serving.launch import LlmServer, plan_llm_servers, tritonserver_argv
-from cosyvoice_engine_builder.serving.options import ServeOptions
+from cosyvoice_engine_builder.serving.options import ServeOptions, build_parser
 from cosyvoice_engine_builder.serving.repository import (
     ModelEntry,
     assemble_model_view,
@@ -38,6 +40,7 @@ from cosyvoice_engine_builder.serving.repository import (
     plan_repository,
 )
 from cosyvoice_engine_builder.serving.supervisor import Supervisor, signals_to
+from cosyvoice_engine_builder.usage import UsageError
 
 
 @dataclass(frozen=True)
@@ -257,3 +260,17 @@ def serve(
             _report_refusal(plan, report)
             return plan.exit_code
         return run_pod(plan, supervisor, env)
+
+
+def main(argv: list[str] | None = None, *, environ: Mapping[str, str] | None = None) -> int:
+    """``cosyvoice-serve [flags]``: the same command as ``cosyvoice-engine-builder serve``."""
+    env = dict(os.environ if environ is None else environ)
+    console = Console(Redactor.from_environ(env))
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        console.err(exc.usage.rstrip())
+        console.err(f"error: {exc}")
+        termination_reporter(env, console)(step="arguments", message=str(exc))
+        return EXIT_CONFIG
+    return serve(args, env, console)

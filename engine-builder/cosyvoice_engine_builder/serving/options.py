@@ -1,7 +1,8 @@
 """The command line of ``cosyvoice-serve``: its flags, their defaults, and :class:`ServeOptions`.
 
 Everything the operator can pass to a serving pod is declared here, once, for both entry
-points (``cosyvoice-serve`` and the ``cosyvoice-engine-builder serve`` alias), together with
+points (``cosyvoice-serve``, :func:`build_parser`, and the ``cosyvoice-engine-builder serve``
+alias, :func:`add_arguments`), together with
 the checks that need no file system: ports that collide, GPU groups that overlap, keys that
 are not keys. :data:`DEFAULT_MODEL_VIEW` is the ``--model-view`` default that the operator's
 ``model_dir`` parameters point at.
@@ -15,8 +16,12 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from cosyvoice_engine_builder import __version__
 from cosyvoice_engine_builder.request import InvalidRequest, Variant, validate_key
 from cosyvoice_engine_builder.serving.exit_codes import ConfigError
+from cosyvoice_engine_builder.usage import RaisingParser
+
+PROG = "cosyvoice-serve"
 
 DEFAULT_MODEL_CODE = Path("/opt/cosyvoice/models")
 DEFAULT_MODEL_REPOSITORY = Path("/tmp/model_repository")
@@ -81,6 +86,18 @@ def parse_llm_groups(text: str) -> tuple[tuple[str, ...], ...]:
         seen.update(group)
         groups.append(group)
     return tuple(groups)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``cosyvoice-serve``'s parser; ``cosyvoice-engine-builder serve`` adds the same flags."""
+    parser = RaisingParser(
+        prog=PROG,
+        description="The serving container: check the engine against this pod, assemble "
+        "Triton's model repository, then run the LLM servers and Triton.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_arguments(parser)
+    return parser
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
