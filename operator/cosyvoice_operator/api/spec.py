@@ -36,6 +36,15 @@ HOP_GROWTHS = ("exponential", "equal", "time-based")
 # Upstream's token_hop_len: 15 speech tokens (0.6 s at 25 Hz) in the first chunk.
 UPSTREAM_FIRST_CHUNK_TOKENS = 15
 _URI = re.compile(r"^(hf|s3|pvc)://([^/\s]+)/(\S+)$")
+# What no path, revision or image may hold although the CRD's patterns may have let it in
+# (objects stored before the CRD tightened them): control characters (NUL, ESC and the other
+# C0/C1 ones, DEL, Unicode line separators), command substitution, '.'/'..' segments.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_DOT_SEGMENT = re.compile(r"(^|/)\.\.?(/|$)")
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/+=-]{0,255}$")
+# An image reference: registry/path[:tag][@digest], no spaces, quotes or shell syntax.
+_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class SpecError(ValueError):
@@ -216,6 +225,202 @@ def _str(raw: Mapping[str, Any], key: str, default: str = "") -> str:
     return "" if value is None else str(value)
 
 
+def _image(raw: Mapping[str, Any], key: str, path: str) -> str:
+    value = _str(raw, key)
+    if value and not _IMAGE.match(value):
+        raise SpecError(
+            f"{path}.{key}",
+            f"must be an image reference (registry/repository[:tag][@digest]), got {value!r}",
+        )
+    return value
+
+
+# ---- shapes of the core Kubernetes types the spec embeds (affinity, tolerations) -----------
+# A shape is ("str", max length) | ("int", lo, hi) | ("enum", values) | ("list", shape, max
+# items) | ("map", value shape, max keys) | ("obj", {field: shape}, required fields). The
+# bounds are the CRD's (crds/): the operator checks what a stored object really holds, since
+# an object admitted before the CRD had them, or a schema bypassed, must not crash a pass.
+
+Shape = tuple[Any, ...]
+
+
+def _shape_list(item: Shape, max_items: int) -> Shape:
+    return ("list", item, max_items)
+
+
+_LABEL_VALUE: Shape = ("str", 63)
+_LABEL_KEY: Shape = ("str", 317)
+
+
+def _requirement(operators: tuple[str, ...]) -> Shape:
+    return (
+        "obj",
+        {
+            "key": _LABEL_KEY,
+            "operator": ("enum", operators),
+            "values": _shape_list(_LABEL_VALUE, 64),
+        },
+        ("key", "operator"),
+    )
+
+
+_NODE_TERM: Shape = (
+    "obj",
+    {
+        "matchExpressions": _shape_list(
+            _requirement(("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")), 32
+        ),
+        "matchFields": _shape_list(
+            _requirement(("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")), 32
+        ),
+    },
+    (),
+)
+_LABEL_SELECTOR: Shape = (
+    "obj",
+    {
+        "matchLabels": ("map", _LABEL_VALUE, 64),
+        "matchExpressions": _shape_list(
+            _requirement(("In", "NotIn", "Exists", "DoesNotExist")), 32
+        ),
+    },
+    (),
+)
+_POD_TERM: Shape = (
+    "obj",
+    {
+        "labelSelector": _LABEL_SELECTOR,
+        "namespaceSelector": _LABEL_SELECTOR,
+        "namespaces": _shape_list(("str", 63), 64),
+        "topologyKey": _LABEL_KEY,
+        "matchLabelKeys": _shape_list(_LABEL_KEY, 32),
+        "mismatchLabelKeys": _shape_list(_LABEL_KEY, 32),
+    },
+    ("topologyKey",),
+)
+_WEIGHT: Shape = ("int", 1, 100)
+_POD_AFFINITY: Shape = (
+    "obj",
+    {
+        "requiredDuringSchedulingIgnoredDuringExecution": _shape_list(_POD_TERM, 16),
+        "preferredDuringSchedulingIgnoredDuringExecution": _shape_list(
+            (
+                "obj",
+                {"weight": _WEIGHT, "podAffinityTerm": _POD_TERM},
+                ("weight", "podAffinityTerm"),
+            ),
+            16,
+        ),
+    },
+    (),
+)
+AFFINITY: Shape = (
+    "obj",
+    {
+        "nodeAffinity": (
+            "obj",
+            {
+                "requiredDuringSchedulingIgnoredDuringExecution": (
+                    "obj",
+                    {"nodeSelectorTerms": _shape_list(_NODE_TERM, 16)},
+                    ("nodeSelectorTerms",),
+                ),
+                "preferredDuringSchedulingIgnoredDuringExecution": _shape_list(
+                    (
+                        "obj",
+                        {"weight": _WEIGHT, "preference": _NODE_TERM},
+                        ("weight", "preference"),
+                    ),
+                    16,
+                ),
+            },
+            (),
+        ),
+        "podAffinity": _POD_AFFINITY,
+        "podAntiAffinity": _POD_AFFINITY,
+    },
+    (),
+)
+TOLERATION: Shape = (
+    "obj",
+    {
+        "key": _LABEL_KEY,
+        "operator": ("enum", ("", "Equal", "Exists")),
+        "value": _LABEL_VALUE,
+        "effect": ("enum", ("", "NoSchedule", "PreferNoSchedule", "NoExecute")),
+        "tolerationSeconds": ("int", -(2**63), 2**63 - 1),
+    },
+    (),
+)
+
+
+def check_shape(value: Any, shape: Shape, path: str) -> None:
+    """Raise SpecError at the first place ``value`` does not have ``shape``."""
+    kind = shape[0]
+    if kind == "str":
+        if not isinstance(value, str):
+            raise SpecError(path, f"must be a string, got {value!r:.80}")
+        if len(value) > shape[1] or _CONTROL.search(value):
+            raise SpecError(path, f"must be at most {shape[1]} printable characters")
+    elif kind == "int":
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not shape[1] <= value <= shape[2]
+        ):
+            raise SpecError(path, f"must be an integer between {shape[1]} and {shape[2]}")
+    elif kind == "enum":
+        if value not in shape[1]:
+            choices = ", ".join(repr(c) for c in shape[1])
+            raise SpecError(path, f"must be one of {choices}, got {value!r:.80}")
+    elif kind == "list":
+        if not isinstance(value, list | tuple):
+            raise SpecError(path, f"must be a list, got {value!r:.80}")
+        if len(value) > shape[2]:
+            raise SpecError(path, f"must have at most {shape[2]} items, has {len(value)}")
+        for i, item in enumerate(value):
+            check_shape(item, shape[1], f"{path}[{i}]")
+    elif kind == "map":
+        if not isinstance(value, Mapping):
+            raise SpecError(path, f"must be an object, got {value!r:.80}")
+        if len(value) > shape[2]:
+            raise SpecError(path, f"must have at most {shape[2]} keys, has {len(value)}")
+        for k, v in value.items():
+            check_shape(k, _LABEL_KEY, f"{path} key")
+            check_shape(v, shape[1], f"{path}.{k}")
+    else:  # obj
+        if not isinstance(value, Mapping):
+            raise SpecError(path, f"must be an object, got {value!r:.80}")
+        fields, required = shape[1], shape[2]
+        for name in required:
+            if name not in value:
+                raise SpecError(f"{path}.{name}", "is required")
+        for name, item in value.items():
+            if name not in fields:
+                raise SpecError(f"{path}.{name}", f"is not a field of {path} (unknown field)")
+            check_shape(item, fields[name], f"{path}.{name}")
+
+
+def _resources(s: Mapping[str, Any]) -> dict[str, Any]:
+    raw = s.get("resources") or {}
+    path = "spec.serving.resources"
+    quantity: Shape = ("str", 64)
+    if not isinstance(raw, Mapping):
+        raise SpecError(path, "must be an object")
+    for part, values in raw.items():
+        if part not in ("requests", "limits"):
+            raise SpecError(f"{path}.{part}", "is not a field (requests or limits)")
+        if not isinstance(values, Mapping) or len(values) > 32:
+            raise SpecError(f"{path}.{part}", "must be an object of at most 32 resources")
+        for name, amount in values.items():
+            check_shape(name, _LABEL_KEY, f"{path}.{part} key")
+            if isinstance(amount, bool) or not isinstance(amount, int | float | str):
+                raise SpecError(f"{path}.{part}.{name}", "must be a quantity")
+            if isinstance(amount, str):
+                check_shape(amount, quantity, f"{path}.{part}.{name}")
+    return dict(raw)
+
+
 def _bool(raw: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
     value = raw.get(key, default)
     if not isinstance(value, bool):
@@ -340,11 +545,27 @@ def _model(m: Mapping[str, Any]) -> ModelSpec:
             "spec.model.uri",
             f"must be hf://ORG/NAME, s3://BUCKET/PATH or pvc://CLAIM/PATH, got {uri!r}",
         )
+    if _CONTROL.search(uri) or "$(" in uri or _DOT_SEGMENT.search(uri.split("://", 1)[1]):
+        raise SpecError(
+            "spec.model.uri", "must not have '.' or '..' path segments, '$(' or control characters"
+        )
+    revision = _str(m, "revision")
+    if revision and (not _REVISION.match(revision) or ".." in revision):
+        raise SpecError(
+            "spec.model.revision",
+            "must be a branch, tag, commit or version id: letters, digits and . _ - / + =, "
+            f"starting with a letter or digit, without '..' (got {revision!r:.80})",
+        )
+    secret = _str(m, "credentialsSecret")
+    if secret and (len(secret) > 253 or not _DNS_SUBDOMAIN.match(secret)):
+        raise SpecError(
+            "spec.model.credentialsSecret", f"must be a Secret name, got {secret!r:.80}"
+        )
     return ModelSpec(
         variant,
         uri,
-        _str(m, "revision"),
-        _str(m, "credentialsSecret"),
+        revision,
+        secret,
         _enum(m, "llmRuntime", "spec.model", LLM_RUNTIMES, "tensorrt-llm"),
     )
 
@@ -354,13 +575,17 @@ def _engine(e: Mapping[str, Any]) -> EngineSpec:
     if tp not in (1, 2, 4, 8):
         raise SpecError("spec.engine.tensorParallelSize", f"must be 1, 2, 4 or 8, got {tp}")
     products = e.get("gpuProducts") or []
+    check_shape(products, _shape_list(_LABEL_VALUE, 16), "spec.engine.gpuProducts")
+    claim = _str(e, "cacheClaimName", "cosyvoice-engines") or "cosyvoice-engines"
+    if len(claim) > 253 or not _DNS_SUBDOMAIN.match(claim):
+        raise SpecError("spec.engine.cacheClaimName", f"must be a claim name, got {claim!r:.80}")
     return EngineSpec(
         precision=_enum(e, "precision", "spec.engine", PRECISIONS, "bfloat16"),
         tensor_parallel_size=tp,
         max_batch_size=_int(e, "maxBatchSize", "spec.engine", 16, 1, 256),
-        max_num_tokens=_int(e, "maxNumTokens", "spec.engine", 32768, 1, 1 << 24),
-        builder_image=_str(e, "builderImage"),
-        cache_claim_name=_str(e, "cacheClaimName", "cosyvoice-engines") or "cosyvoice-engines",
+        max_num_tokens=_int(e, "maxNumTokens", "spec.engine", 32768, 1, 1 << 20),
+        builder_image=_image(e, "builderImage", "spec.engine"),
+        cache_claim_name=claim,
         gpu_products=tuple(dict.fromkeys(str(p) for p in products)),
         kv_cache_type=_enum(e, "kvCacheType", "spec.engine", KV_CACHE_TYPES, "auto"),
         smooth_quant=_smooth_quant(e),
@@ -369,7 +594,7 @@ def _engine(e: Mapping[str, Any]) -> EngineSpec:
 
 def _serving(s: Mapping[str, Any], engine: EngineSpec) -> ServingSpec:
     tp = engine.tensor_parallel_size
-    gpus = _int(s, "gpusPerReplica", "spec.serving", 1, 1, 64)
+    gpus = _int(s, "gpusPerReplica", "spec.serving", 1, 1, 8)
     if gpus % tp:
         raise SpecError(
             "spec.serving.gpusPerReplica",
@@ -377,22 +602,28 @@ def _serving(s: Mapping[str, Any], engine: EngineSpec) -> ServingSpec:
         )
     db = _obj(s, "dynamicBatching", "spec.serving")
     sizes = _preferred_batch_sizes(db, engine.max_batch_size)
+    node_selector = s.get("nodeSelector") or {}
+    check_shape(node_selector, ("map", _LABEL_VALUE, 64), "spec.serving.nodeSelector")
+    tolerations = s.get("tolerations") or []
+    check_shape(tolerations, _shape_list(TOLERATION, 32), "spec.serving.tolerations")
+    affinity = s.get("affinity") or {}
+    check_shape(affinity, AFFINITY, "spec.serving.affinity")
     return ServingSpec(
-        image=_str(s, "image"),
+        image=_image(s, "image", "spec.serving"),
         gpus_per_replica=gpus,
         instances_per_gpu=_int(s, "instancesPerGpu", "spec.serving", 1, 1, 8),
-        streaming=bool(s.get("streaming", True)),
+        streaming=_bool(s, "streaming", "spec.serving", True),
         dynamic_batching=DynamicBatching(
             preferred_batch_sizes=sizes,
             max_queue_delay_microseconds=_int(
-                db, "maxQueueDelayMicroseconds", "spec.serving.dynamicBatching", 500, 0, 10**9
+                db, "maxQueueDelayMicroseconds", "spec.serving.dynamicBatching", 500, 0, 10**6
             ),
             priority_levels=_int(db, "priorityLevels", "spec.serving.dynamicBatching", 2, 0, 100),
         ),
-        resources=dict(s.get("resources") or {}),
-        node_selector={str(k): str(v) for k, v in (s.get("nodeSelector") or {}).items()},
-        tolerations=tuple(s.get("tolerations") or ()),
-        affinity=dict(s.get("affinity") or {}),
+        resources=_resources(s),
+        node_selector={str(k): str(v) for k, v in node_selector.items()},
+        tolerations=tuple(tolerations),
+        affinity=dict(affinity),
         queue_policy=_queue_policy(s, db),
         stream_chunking=_stream_chunking(s),
     )
@@ -429,7 +660,7 @@ def _autoscaling(a: Mapping[str, Any]) -> AutoscalingSpec:
     if isinstance(target, bool) or not isinstance(target, int | float) or target <= 0:
         raise SpecError("spec.autoscaling.targetQueueLatencyMilliseconds", "must be a number > 0")
     return AutoscalingSpec(
-        enabled=bool(a.get("enabled", False)),
+        enabled=_bool(a, "enabled", "spec.autoscaling", False),
         mode=_enum(a, "mode", "spec.autoscaling", MODES, "Active"),
         min_replicas=min_r,
         max_replicas=max_r,
