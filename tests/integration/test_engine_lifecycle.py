@@ -5,6 +5,7 @@ seconds, or fail for the model URI hf://simulated/build-failure)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from tests.conftest import Cluster
 from tests.integration.operator_process import (
+    FAST_SETTINGS,
     OperatorProcess,
     cache_claim,
     get_json,
@@ -65,6 +67,22 @@ def wait_engine_ready(cluster: Cluster, ns: str, name: str, timeout: float = 60)
         return obj if condition(obj, "EngineReady").get("status") == "True" else None
 
     return wait_for(f"{name} EngineReady", probe, timeout)
+
+
+def refused_job_creates(cluster: Cluster) -> int:
+    """Job creates the API server refused as invalid (422), from its own metrics."""
+    text = cluster.kubectl("get", "--raw", "/metrics").stdout
+    total = 0
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            if (labels.get("verb"), labels.get("resource"), labels.get("code")) == (
+                "POST",
+                "jobs",
+                "422",
+            ):
+                total += int(float(line.rsplit(" ", 1)[1]))
+    return total
 
 
 def pod_product(cluster: Cluster, ns: str, job: str) -> str:
@@ -267,7 +285,15 @@ def test_failing_build_reports_its_message_and_retries_with_backoff_then_stops(
         cluster, "configmaps", "-n", ns, "-l", f"{KEY_LABEL}={final['status']['engines'][0]['key']}"
     )["items"]
     assert [r["data"]["state"] for r in records] == ["Failed"]
-    time.sleep(6)  # several resyncs (1 s): giving up is final, no fourth attempt
+    # Giving up is final: no retry is scheduled, and none comes when a fourth attempt would
+    # be due (the backoff after attempt 3 is base x 2^2 = 8 s from its failure; the Job's
+    # timestamps are whole seconds, and the operator acts up to half a second after a retry
+    # is due, so a margin of 3 s).
+    assert "nextRetryTime" not in final["status"]["engines"][0]
+    base = float(FAST_SETTINGS["COSYVOICE_BUILD_RETRY_BASE_SECONDS"])
+    attempts = int(FAST_SETTINGS["COSYVOICE_BUILD_MAX_ATTEMPTS"])
+    fourth_due = failed_at(attempts) + base * 2 ** (attempts - 1)
+    time.sleep(max(0.0, fourth_due + 3 - time.time()))
     after = jobs(cluster, ns)
     assert sorted(int(j["metadata"]["labels"]["tts.cosyvoice.dev/attempt"]) for j in after) == [
         1,
@@ -451,7 +477,14 @@ def test_a_job_the_api_server_refuses_is_reported_on_the_service(
     assert "the API server refused build Job cvs-engine-sm89-" in cond["message"]
     assert "422" in cond["message"] and "tolerations" in cond["message"]
     assert cvs(cluster, ns, "refused")["status"]["phase"] == "BuildingEngine"
-    time.sleep(4)  # several resyncs
+    # The operator retries the refused create with a doubling backoff (0.5 s, 1 s, 2 s, ...):
+    # wait for two more refusals at the API server, then there must still be one Event.
+    refused_before = refused_job_creates(cluster)
+    wait_for(
+        "two more refused Job creates",
+        lambda: refused_job_creates(cluster) >= refused_before + 2,
+        timeout=60,
+    )
     assert jobs(cluster, ns) == []
     events = cluster.kubectl(
         "get", "events", "-n", ns, "--field-selector", "involvedObject.name=refused", "-o", "json"
