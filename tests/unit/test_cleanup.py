@@ -216,3 +216,74 @@ def test_an_unreferenced_checkpoint_is_removed_by_a_cleanup_job_named_for_it() -
     assert made.body["metadata"]["name"] == (
         f"cvs-engine-gc-ckpt-{checkpoint.key[:20]}-{CACHE.tag}"
     )
+
+
+# ---- issue 21: forged records, malformed services -----------------------------------------
+
+
+def _removing(identity: engine_identity.EngineIdentity) -> dict[str, Any]:
+    return rec(
+        identity,
+        **{
+            labels.UNREFERENCED_ANNOTATION: conditions.timestamp(T0),
+            labels.REMOVING_ANNOTATION: conditions.timestamp(T0),
+        },
+    )
+
+
+def test_the_cleanup_job_runs_the_operators_builder_image_never_the_records() -> None:
+    """M1: a record is a ConfigMap anyone in the namespace may forge; the image it names
+    would run with the whole cache claim mounted read-write."""
+    unused = ident(engine={"precision": "float16"})
+    forged = _removing(unused)
+    data = json.loads(forged["data"]["identity"])
+    data["builderImage"] = "evil.example/anything:latest"
+    forged["data"]["identity"] = json.dumps(data)
+    [create] = plan([svc_body()], records=[forged]).effects
+    assert isinstance(create, CreateObject)
+    [container] = create.body["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == POLICY.build.default_builder_image
+
+
+def test_a_record_with_a_key_or_architecture_the_operator_never_makes_is_left_alone() -> None:
+    """A forged gpu-arch label ('x' * 80 + '!') made a 123-character Job name the API server
+    refused on every pass; a forged key made the renderer raise."""
+    unused = ident(engine={"precision": "float16"})
+    bad_arch = _removing(unused)
+    bad_arch["metadata"]["labels"][labels.ARCH_LABEL] = "x" * 80 + "!"
+    bad_key = _removing(unused)
+    bad_key["metadata"]["labels"][labels.KEY_LABEL] = "../../etc"
+    assert plan([svc_body()], records=[bad_arch, bad_key]).effects == ()
+
+
+def test_an_invalid_service_does_not_stop_the_namespaces_cleanup() -> None:
+    """M2: a CRD-valid but malformed affinity raised AttributeError out of the whole
+    namespace's cleanup; now it is an invalid spec, which wants nothing."""
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": "x"}}
+    bad = svc_body("bad", serving={**L20, "affinity": affinity})
+    unused = ident(engine={"precision": "float16"})
+    [mark] = plan([bad, svc_body()], records=[rec(unused)]).effects
+    assert isinstance(mark, PatchObject)
+
+
+def test_a_service_that_cannot_be_planned_makes_the_pass_conservative_not_fail(
+    monkeypatch: Any,
+) -> None:
+    real = engine_identity.plan
+
+    def plan_or_fail(svc: Any, *args: Any) -> Any:
+        if svc.replicas == 7:
+            raise RuntimeError("a bug in planning one service")
+        return real(svc, *args)
+
+    monkeypatch.setattr(engine_identity, "plan", plan_or_fail)
+    odd = svc_body("odd", replicas=7)
+    unused = ident(engine={"precision": "float16"})
+    old_build = build_job(ident(engine={"precision": "int8-weight-only"}), "job-uid")
+    later = T0 + dt.timedelta(hours=1)
+    result = plan([odd, svc_body()], [old_build], [rec(unused)], now=later, since={"job-uid": T0})
+    # What the odd service wants is unknown: nothing is marked, no build stopped ...
+    assert result.effects == ()
+    # ... while a removal already decided goes on.
+    [create] = plan([odd, svc_body()], records=[_removing(unused)]).effects
+    assert isinstance(create, CreateObject)

@@ -12,12 +12,21 @@ Two rules, each conservative on purpose:
   succeeded is the record deleted. A service that wants the engine again while it is being
   removed waits for the removal and then builds it again (service.py): the removal is
   never raced. An engine a service references is never touched, and its mark is cleared.
+
+Records and Jobs are selected by label, and anyone who may write ConfigMaps in the namespace
+can forge one. So a record is believed only for what it cannot turn into anything else: the
+cleanup Job runs the operator's own builder image (never one a record names), and a record
+whose key or architecture is not one the operator makes is left alone. One service that
+cannot be planned never stops the namespace's cleanup: one with an invalid spec wants
+nothing (as before); one whose planning fails otherwise makes the pass conservative
+(nothing marked unreferenced, no build stopped) instead of failing it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -42,6 +51,11 @@ from cosyvoice_operator.api.spec import SpecError, parse
 from cosyvoice_operator.plan.service import Policy, World
 from cosyvoice_operator.render import build_job
 from cosyvoice_operator.render.build_job import CacheClaim
+
+# What a record's labels must hold for the cleanup to act on it: a content key as the
+# operator makes them, and a GPU architecture of the known shape (or none, for a checkpoint).
+_CONTENT_KEY = re.compile(r"^[0-9a-f]{40}$")
+_GPU_ARCH = re.compile(r"^(sm_[0-9]{2,3}[a-z]?)?$")
 
 
 @dataclass(frozen=True)
@@ -74,34 +88,56 @@ def identity_of(obj: Mapping[str, Any]) -> EngineIdentity | None:
         return None
 
 
-def wanted(
+@dataclass
+class Wanted:
+    """(claim tag, key) of every engine the services want, and (claim tag, loose key);
+    ``complete`` is False when a service could not be planned (what it wants is unknown)."""
+
+    exact: set[tuple[str, str]] = field(default_factory=set)
+    loose: set[tuple[str, str]] = field(default_factory=set)
+    complete: bool = True
+
+
+def wanted_by(
     namespace: str, services: Iterable[Mapping[str, Any]], world: World, policy: Policy
-) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
-    """(claim tag, key) of every engine the services want, and (claim tag, loose key)."""
-    exact: set[tuple[str, str]] = set()
-    loose: set[tuple[str, str]] = set()
+) -> Wanted:
+    found = Wanted()
     nodes = world.gpu_nodes()
     for body in services:
         try:
-            svc = parse(body.get("spec") or {})
+            _add_wanted(found, namespace, body, nodes, world, policy)
         except SpecError:
-            continue
-        uid = world.claim_uid(namespace, svc.engine.cache_claim_name)
-        if uid is None:
-            continue
-        tag = CacheClaim(svc.engine.cache_claim_name, uid).tag
-        plan = engine_identity.plan(
-            svc, [] if svc.engine.gpu_products else nodes, policy.build.default_builder_image
-        )
-        # vLLM's checkpoint has no architecture: its exact key is its loose key too.
-        for target in plan.builds:
-            exact.add((tag, target.key))
-        base = engine_identity.identity(svc, "", policy.build.default_builder_image)
-        loose.add((tag, base.key))
-        checkpoint = engine_identity.checkpoint_identity(svc, policy.build.default_builder_image)
-        if checkpoint is not None:
-            loose.add((tag, checkpoint.key))
-    return exact, loose
+            continue  # an invalid spec wants nothing (its service says why)
+        except Exception:  # one service must not stop the namespace's cleanup
+            found.complete = False
+    return found
+
+
+def _add_wanted(
+    found: Wanted,
+    namespace: str,
+    body: Mapping[str, Any],
+    nodes: Sequence[Any],
+    world: World,
+    policy: Policy,
+) -> None:
+    exact, loose = found.exact, found.loose
+    svc = parse(body.get("spec") or {})
+    uid = world.claim_uid(namespace, svc.engine.cache_claim_name)
+    if uid is None:
+        return
+    tag = CacheClaim(svc.engine.cache_claim_name, uid).tag
+    plan = engine_identity.plan(
+        svc, [] if svc.engine.gpu_products else nodes, policy.build.default_builder_image
+    )
+    # vLLM's checkpoint has no architecture: its exact key is its loose key too.
+    for target in plan.builds:
+        exact.add((tag, target.key))
+    base = engine_identity.identity(svc, "", policy.build.default_builder_image)
+    loose.add((tag, base.key))
+    checkpoint = engine_identity.checkpoint_identity(svc, policy.build.default_builder_image)
+    if checkpoint is not None:
+        loose.add((tag, checkpoint.key))
 
 
 def _finished(job: Mapping[str, Any]) -> str:
@@ -162,17 +198,21 @@ def plan_cleanup(
 ) -> CleanupPlan:
     """The cleanup of one namespace, given its services, its operator-made Jobs and its
     engine records (all from the caches)."""
-    exact, loose = wanted(namespace, services, world, policy)
+    want = wanted_by(namespace, services, world, policy)
+    exact = want.exact
     found = _Pass(namespace, jobs, world, now, policy, settings)
-    cleaners = _stop_superseded(found, loose, superseded_since)
+    cleaners = _stop_superseded(found, want.loose, superseded_since, stop=want.complete)
     for record in records:
         tag, key = _labels(record).get(CLAIM_LABEL, ""), _labels(record).get(KEY_LABEL, "")
+        if not _CONTENT_KEY.match(key) or not _GPU_ARCH.match(_labels(record).get(ARCH_LABEL, "")):
+            continue  # not a record the operator wrote: nothing of it is acted on
         removing = _annotations(record).get(REMOVING_ANNOTATION)
         # An engine a Deployment still serves (the old one, while a new one is built) counts.
         if ((tag, key) in exact or key in served) and not removing:
             _keep(found, record)
         elif not removing:
-            _mark_unreferenced(found, record)
+            if want.complete:
+                _mark_unreferenced(found, record)
         else:
             _remove(found, record, cleaners.get((tag, key)))
     requeue = min(found.waits) + 0.5 if found.waits else None
@@ -202,10 +242,14 @@ class _Pass:
 
 
 def _stop_superseded(
-    found: _Pass, loose: set[tuple[str, str]], superseded_since: Mapping[str, dt.datetime]
+    found: _Pass,
+    loose: set[tuple[str, str]],
+    superseded_since: Mapping[str, dt.datetime],
+    stop: bool = True,
 ) -> dict[tuple[str, str], Mapping[str, Any]]:
     """Delete the unfinished build Jobs no service asks for any more, once superseded for the
-    grace period; return the cleanup Jobs by (claim tag, key)."""
+    grace period (none when ``stop`` is False: what the services want is not all known);
+    return the cleanup Jobs by (claim tag, key)."""
     cleaners: dict[tuple[str, str], Mapping[str, Any]] = {}
     grace = found.settings.superseded_grace_seconds
     for job in found.jobs:
@@ -214,7 +258,7 @@ def _stop_superseded(
         if labels.get(COMPONENT_LABEL) == CLEANUP_COMPONENT:
             cleaners[(tag, key)] = job
             continue
-        if _finished(job):
+        if _finished(job) or not stop:
             continue  # its TTL removes it; a finished Job holds no GPU
         ident = identity_of(job)
         if ident is None or (tag, loose_key(ident)) in loose:
@@ -287,13 +331,15 @@ def _remove(found: _Pass, record: Mapping[str, Any], cleaner: Mapping[str, Any] 
     found.effects.extend(_build_jobs_of(namespace, tag, key, found.jobs))
     build = found.policy.build
     if cleaner is None:
-        ident = identity_of(record)
+        # The operator's own builder image, whatever the record says it was built with: a
+        # record is a ConfigMap, and an image read from it would run with the whole cache
+        # claim mounted read-write. `remove` is the same in every builder image.
         found.effects.append(
             CreateObject(
                 build_job.render_cleanup_job(
                     key,
-                    ident.gpu_arch if ident else str(labels.get(ARCH_LABEL, "")),
-                    ident.builder_image if ident else build.default_builder_image,
+                    str(labels.get(ARCH_LABEL, "")),
+                    build.default_builder_image,
                     namespace,
                     CacheClaim(claim, claim_uid),
                     build,
