@@ -34,7 +34,7 @@ from cosyvoice_operator.render import triton
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 STANDINS = HERE / "standins"
-TWIN = ROOT / "tests" / "triton_twin" / "standins"
+TWIN = ROOT / "operator" / "cosyvoice_operator" / "devtools" / "closedloop" / "standins"
 TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
 ENGINE_DIR = "/engines/sweep"
 

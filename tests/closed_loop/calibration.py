@@ -23,10 +23,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from cosyvoice_operator.devtools.closedloop.harness import (
+    DEFAULT_TEXT,
+    LoadGenerator,
+    PodServers,
+    RequestRecord,
+)
 from cosyvoice_operator.devtools.sim.engine import quantile
 from cosyvoice_operator.devtools.sim.plant import Plant, ServiceModel
 from cosyvoice_operator.render import triton
-from tests.closed_loop.harness import DEFAULT_TEXT, LoadGenerator, PodServers, RequestRecord
 from tests.triton_twin.test_twin import service, speech_tokens
 
 VARIANT = "cosyvoice3"

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cosyvoice_operator.render import triton
-from tests.closed_loop.harness import (
+from cosyvoice_operator.devtools.closedloop.harness import (
     LoadGenerator,
     PodServers,
     Prometheus,
@@ -20,6 +19,7 @@ from tests.closed_loop.harness import (
     ready_pods,
     twin_repository,
 )
+from cosyvoice_operator.render import triton
 from tests.triton_twin.test_twin import parse, service
 
 NS = "voices"

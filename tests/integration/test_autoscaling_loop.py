@@ -22,7 +22,12 @@ from typing import Any
 import pytest
 
 from cosyvoice_operator.api.spec import parse
-from tests.closed_loop.harness import LoadGenerator, PodServers, Prometheus, ready_pods
+from cosyvoice_operator.devtools.closedloop.harness import (
+    LoadGenerator,
+    PodServers,
+    Prometheus,
+    ready_pods,
+)
 from tests.conftest import Cluster
 from tests.integration.operator_process import (
     OperatorProcess,

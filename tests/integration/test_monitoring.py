@@ -52,10 +52,15 @@ import yaml
 
 from cosyvoice_operator.api.spec import parse
 from cosyvoice_operator.cli import render_command
+from cosyvoice_operator.devtools.closedloop.harness import (
+    LoadGenerator,
+    PodServers,
+    Prometheus,
+    ready_pods,
+)
 from cosyvoice_operator.devtools.localcluster import binaries
 from cosyvoice_operator.render import triton
 from cosyvoice_operator.shell import config
-from tests.closed_loop.harness import LoadGenerator, PodServers, Prometheus, ready_pods
 from tests.conftest import REPO, Cluster
 from tests.integration.operator_process import (
     OperatorProcess,

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from . import cpu_twin
+from cosyvoice_operator.devtools.closedloop import cpu_twin
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "bench" / "gpu"

@@ -25,9 +25,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from cosyvoice_operator.api import spec
+from cosyvoice_operator.devtools.closedloop import cpu_twin
+from cosyvoice_operator.devtools.closedloop.cpu_twin import request_inputs
 from cosyvoice_operator.render import triton
 
-from . import cpu_twin
 from .test_twin import (
     LOOKAHEAD,
     SAMPLES_PER_TOKEN,
@@ -35,7 +36,6 @@ from .test_twin import (
     URIS,
     Twin,
     check_loaded_as_rendered,
-    request_inputs,
     run_stream,
     speech_tokens,
     tone,

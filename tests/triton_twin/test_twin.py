@@ -28,15 +28,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
 from cosyvoice_operator.api import spec
+from cosyvoice_operator.devtools.closedloop import cpu_twin
+from cosyvoice_operator.devtools.closedloop.cpu_twin import REFERENCE_TEXT, request_inputs
 from cosyvoice_operator.render import triton
-
-from . import cpu_twin
 
 SAMPLE_RATE = 24000
 SAMPLES_PER_TOKEN = SAMPLE_RATE // 25
 TONE_HZ = 440.0
 FIRST_HOP, LOOKAHEAD, TOKEN_RATE = 15, 3, 25
-REFERENCE_TEXT = "A short reference."
 STREAMS = 6  # concurrent streams, each holding an orchestrator instance while it lasts
 REQUESTS_PER_STREAM = 2
 ENGINE_DIR = "/engines/0123456789abcdef0123456789abcdef01234567"
@@ -112,22 +111,6 @@ def expected_chunks(tokens: int) -> int:
         hop = TOKEN_RATE * 2**chunks
         chunks += 1
     return chunks + 1
-
-
-def request_inputs(target: str) -> list[Any]:
-    reference = np.sin(np.arange(16000 * 2, dtype=np.float32) / 7.0).reshape(1, -1)
-    values: list[tuple[str, Any, str]] = [
-        ("reference_wav", reference.astype(np.float32), "FP32"),
-        ("reference_wav_len", np.array([[reference.shape[1]]], dtype=np.int32), "INT32"),
-        ("reference_text", np.array([[REFERENCE_TEXT.encode()]], dtype=object), "BYTES"),
-        ("target_text", np.array([[target.encode()]], dtype=object), "BYTES"),
-    ]
-    inputs = []
-    for name, value, dtype in values:
-        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
-        tensor.set_data_from_numpy(value)
-        inputs.append(tensor)
-    return inputs
 
 
 @dataclass

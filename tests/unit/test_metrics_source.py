@@ -16,9 +16,9 @@ import pytest
 import requests
 from prometheus_api_client.exceptions import PrometheusApiClientException
 
+from cosyvoice_operator.devtools.closedloop.cpu_twin import free_ports
 from cosyvoice_operator.shell import prometheus_source as ms
 from cosyvoice_operator.shell.prometheus_source import PrometheusSource, Sample
-from tests.triton_twin.cpu_twin import free_ports
 
 URL = "http://prometheus.monitoring:9090"
 NOW = 1_700_000_000.0

@@ -6,18 +6,10 @@ import argparse
 import json
 import logging
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from cosyvoice_operator import __version__
-
-
-def _repo_file(*parts: str) -> Path:
-    """A file of the source checkout (CRDs, examples); the demo runs from a checkout."""
-    return Path(__file__).resolve().parents[3].joinpath(*parts)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -131,77 +123,16 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from cosyvoice_operator.devtools.localcluster import ClusterError
+    from cosyvoice_operator.devtools import demo
 
-    cluster = _cluster(args)
-    try:
-        cluster.up()
-    except ClusterError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    env = dict(os.environ, KUBECONFIG=str(cluster.paths.kubeconfig))
-    env["PATH"] = f"{cluster.paths.bin}:{env.get('PATH', '')}"
-    cluster.kubectl("apply", "--server-side", "-f", str(_repo_file("crds")))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/cosyvoiceservices.tts.cosyvoice.dev"
+    return demo.main(
+        args.name,
+        keep_state=args.keep_state,
+        keep_cluster=args.keep_cluster,
+        closed_loop=not args.no_load,
+        cycles=args.cycles,
+        timeout=args.timeout,
     )
-    cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {"name": "cosyvoice-engines", "namespace": "default"},
-                "spec": {
-                    "accessModes": ["ReadWriteMany"],
-                    "storageClassName": "",
-                    "resources": {"requests": {"storage": "100Gi"}},
-                },
-            }
-        ),
-    )
-    log = (cluster.paths.logs / "operator-demo.log").open("ab")
-    operator = subprocess.Popen(
-        [sys.executable, "-m", "cosyvoice_operator", "run", "--namespace", "default"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    print(f"operator running (log: {cluster.paths.logs / 'operator-demo.log'})", file=sys.stderr)
-    cluster.kubectl("apply", "-n", "default", "-f", str(_repo_file("examples")))
-    print(
-        "\nIn another shell:\n"
-        + "".join(f"  {line}\n" for line in cluster.exports().splitlines())
-        + "  kubectl get cvs -w\n\nCtrl-C stops the demo.\n",
-        file=sys.stderr,
-    )
-    stop = False
-
-    def _stop(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        while not stop:
-            print(time.strftime("%H:%M:%S"))
-            print(cluster.kubectl("get", "cvs", "-n", "default", check=False), flush=True)
-            for _ in range(50):
-                if stop or operator.poll() is not None:
-                    break
-                time.sleep(0.1)
-            if operator.poll() is not None:
-                print("the operator exited; see its log", file=sys.stderr)
-                return 1
-    finally:
-        operator.terminate()
-        operator.wait(timeout=30)
-        if not args.keep_cluster:
-            cluster.down()
-    return 0
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
@@ -308,9 +239,37 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("-n", "--namespace", help="namespace (default: the manifest's, or default)")
     render.set_defaults(func=_cmd_render)
 
-    demo = sub.add_parser("demo", help="local cluster + CRD + operator + example services")
-    demo.add_argument("--name", default="cosyvoice-demo")
+    demo = sub.add_parser(
+        "demo",
+        help="local cluster + operator + the examples, the autoscaler in a closed loop",
+        description=(
+            "Start a local cluster, the CRD, the operator and the examples; give every Ready "
+            "pod of the autoscaled example a real CPU tritonserver scraped by a real "
+            "Prometheus, send a load that rises and falls, and show the replicas following "
+            "it. Starts from an empty cluster unless --keep-state."
+        ),
+    )
+    demo.add_argument("--name", default="cosyvoice-demo", help="the local cluster's name")
     demo.add_argument("--keep-cluster", action="store_true", help="leave the cluster running")
+    demo.add_argument(
+        "--keep-state",
+        action="store_true",
+        help="reuse the last run's cluster data (services, engines, Events) instead of a clean one",
+    )
+    demo.add_argument(
+        "--no-load",
+        action="store_true",
+        help="no Prometheus, Tritons or load (the autoscaler then holds: no metrics)",
+    )
+    demo.add_argument(
+        "--cycles",
+        type=int,
+        metavar="N",
+        help="stop after N rises and falls of the load that each scaled up and back down",
+    )
+    demo.add_argument(
+        "--timeout", type=float, metavar="SECONDS", help="give up (exit 1) after this long"
+    )
     demo.set_defaults(func=_cmd_demo)
 
     from cosyvoice_operator.devtools.sim import (

@@ -1,12 +1,15 @@
 """The closed loop's real parts, outside the cluster: Triton processes, Prometheus, load.
 
+Used by ``cosyvoice-operator demo`` and by the tests (``tests/closed_loop/``,
+``tests/integration/``).
+
 The local cluster's pods are kwok's: Ready in the API server, with no container behind them.
 This module gives them one:
 
 - :class:`PodServers` watches a service's Ready serving pods (``kubectl`` every second, or
   any list of names the caller provides) and runs, for every one, a real ``tritonserver`` on
   loopback serving the CPU twin of the service's model repository (rendered by
-  ``cosyvoice_operator.render.triton`` and turned CPU by ``tests.triton_twin.cpu_twin``), whose
+  ``cosyvoice_operator.render.triton`` and turned CPU by :mod:`.cpu_twin`), whose
   orchestrator holds each request for a configurable service time. It writes the live
   processes to a Prometheus ``file_sd`` file, labelled ``namespace`` and ``pod`` as a
   Kubernetes scrape config labels real pods, and stops a process when its pod goes.
@@ -53,9 +56,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from urllib3.util.retry import Retry
 
 from cosyvoice_operator.api.spec import ServiceSpec
+from cosyvoice_operator.devtools.closedloop import cpu_twin
+from cosyvoice_operator.devtools.closedloop.cpu_twin import request_inputs
 from cosyvoice_operator.render import triton
-from tests.triton_twin import cpu_twin
-from tests.triton_twin.test_twin import request_inputs
 
 # Where the rendered configs point for engine files; the stand-ins read none of them.
 ENGINE_DIR = "/engines/closed-loop"
@@ -242,7 +245,7 @@ def _is_ready(pod: Mapping[str, Any]) -> bool:
 
 
 class Kubectl(Protocol):
-    """What :func:`ready_pods` needs of ``tests.conftest.Cluster``."""
+    """What :func:`ready_pods` needs of a cluster (the tests' ``Cluster``)."""
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120

@@ -1,5 +1,7 @@
 """The CPU twin of the operator's Triton model repository, in the real ``tritonserver``.
 
+(Used by the tests, ``tests/triton_twin/``, and by ``cosyvoice-operator demo``'s closed loop.)
+
 The operator renders the repository for GPUs; this module turns it into one that loads on a
 machine without any (:func:`to_cpu`), lays it out with the Python stand-ins of
 ``standins/<model>/model.py`` (:func:`write_repository`), runs the ``tritonserver`` binary
@@ -79,6 +81,30 @@ def write_repository(repository: Mapping[str, str], root: Path) -> Path:
     return root
 
 
+REFERENCE_TEXT = "A short reference."
+
+
+def request_inputs(target: str, reference_text: str = REFERENCE_TEXT) -> list[Any]:
+    """The orchestrator's inputs for one request: a 2-second reference (a tone), its text and
+    the text to speak (what every variant's orchestrator takes)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    reference = np.sin(np.arange(16000 * 2, dtype=np.float32) / 7.0).reshape(1, -1)
+    values: list[tuple[str, Any, str]] = [
+        ("reference_wav", reference.astype(np.float32), "FP32"),
+        ("reference_wav_len", np.array([[reference.shape[1]]], dtype=np.int32), "INT32"),
+        ("reference_text", np.array([[reference_text.encode()]], dtype=object), "BYTES"),
+        ("target_text", np.array([[target.encode()]], dtype=object), "BYTES"),
+    ]
+    inputs = []
+    for name, value, dtype in values:
+        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    return inputs
+
+
 def free_ports(count: int) -> list[int]:
     """Ports free on 127.0.0.1 now (all held open together, so they differ)."""
     with contextlib.ExitStack() as stack:
@@ -93,7 +119,10 @@ def free_ports(count: int) -> list[int]:
 def _pytriton_dir() -> Path:
     spec = importlib.util.find_spec("pytriton")
     if spec is None or spec.origin is None:
-        raise RuntimeError("nvidia-pytriton is not installed: pip install -e '.[test]'")
+        raise RuntimeError(
+            "nvidia-pytriton (the wheel that ships tritonserver) is not installed: "
+            "make setup, or pip install -e '.[test]'"
+        )
     return Path(spec.origin).parent
 
 
