@@ -185,20 +185,7 @@ def assess(
     """The state of one engine from its record, its Jobs and the pods of its latest Job."""
     latest = latest_job(jobs)
     if record is not None:
-        data = record.get("data") or {}
-        built_by = str(data.get("job", ""))
-        attempt_suffix = built_by.rpartition("-a")[2]
-        attempts = int(attempt_suffix) if attempt_suffix.isdigit() else 0
-        if data.get("state") == "Failed":
-            return EngineState(
-                "Failed", str(data.get("result") or "gave up"), job=built_by, attempts=attempts
-            )
-        return EngineState(
-            "Ready",
-            f"built by {built_by or '?'} at {data.get('builtAt', '?')}",
-            job=built_by,
-            attempts=attempts,
-        )
+        return _recorded(record)
     if latest is None:
         return EngineState("Pending", "build Job to be created", action="create", next_attempt=1)
     name = latest["metadata"]["name"]
@@ -210,48 +197,7 @@ def assess(
         )
     failed = _condition(latest, "Failed")
     if failed:
-        why = termination_message(pods) or str(failed.get("message") or failed.get("reason") or "")
-        base = (
-            f"attempt {attempt}/{settings.max_attempts} failed ({failed.get('reason', 'Failed')})"
-        )
-        if why:
-            base += f": {why}"
-        # The builder's exit 2 (bad input: a repository, revision or path that does not
-        # exist, credentials refused) fails the Job through its podFailurePolicy, whose
-        # condition reason is PodFailurePolicy: another attempt would fail the same way.
-        final = failed.get("reason") == "PodFailurePolicy"
-        if final:
-            base += ". The builder says a retry cannot fix this"
-        if final or attempt >= settings.max_attempts:
-            # Recorded, so that giving up outlives the Jobs' TTL instead of starting over.
-            return EngineState(
-                "Failed",
-                f"{base}. Gave up; change the engine spec, or run `kubectl delete "
-                f"jobs,configmaps -l {KEY_LABEL}={identity.key}` to retry.",
-                job=name,
-                attempts=attempt,
-                action="record-failure",
-            )
-        failed_at = parse_time(failed.get("lastTransitionTime")) or now
-        retry_at = failed_at + dt.timedelta(
-            seconds=settings.retry_base_seconds * 2 ** (attempt - 1)
-        )
-        if now >= retry_at:
-            return EngineState(
-                "Failed",
-                f"{base}. Retrying as attempt {attempt + 1}.",
-                job=name,
-                attempts=attempt,
-                action="create",
-                next_attempt=attempt + 1,
-            )
-        return EngineState(
-            "Failed",
-            f"{base}. Retry at {retry_at.strftime('%Y-%m-%dT%H:%M:%SZ')}.",
-            job=name,
-            attempts=attempt,
-            next_retry=retry_at,
-        )
+        return _after_failure(identity, name, attempt, failed, pods, now, settings)
     waiting = pending_reason(pods)
     if waiting:
         return EngineState(
@@ -269,6 +215,74 @@ def assess(
     else:
         msg = f"{name} started"
     return EngineState("Building", f"{msg} (attempt {attempt})", job=name, attempts=attempt)
+
+
+def _recorded(record: Mapping[str, Any]) -> EngineState:
+    """An engine with a record: built, or given up on (the record outlives its Jobs)."""
+    data = record.get("data") or {}
+    built_by = str(data.get("job", ""))
+    attempt_suffix = built_by.rpartition("-a")[2]
+    attempts = int(attempt_suffix) if attempt_suffix.isdigit() else 0
+    if data.get("state") == "Failed":
+        return EngineState(
+            "Failed", str(data.get("result") or "gave up"), job=built_by, attempts=attempts
+        )
+    return EngineState(
+        "Ready",
+        f"built by {built_by or '?'} at {data.get('builtAt', '?')}",
+        job=built_by,
+        attempts=attempts,
+    )
+
+
+def _after_failure(
+    identity: EngineIdentity,
+    name: str,
+    attempt: int,
+    failed: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    now: dt.datetime,
+    settings: BuildSettings,
+) -> EngineState:
+    """The latest Job failed: give up (recorded), retry now, or wait for the retry time."""
+    why = termination_message(pods) or str(failed.get("message") or failed.get("reason") or "")
+    base = f"attempt {attempt}/{settings.max_attempts} failed ({failed.get('reason', 'Failed')})"
+    if why:
+        base += f": {why}"
+    # The builder's exit 2 (bad input: a repository, revision or path that does not
+    # exist, credentials refused) fails the Job through its podFailurePolicy, whose
+    # condition reason is PodFailurePolicy: another attempt would fail the same way.
+    final = failed.get("reason") == "PodFailurePolicy"
+    if final:
+        base += ". The builder says a retry cannot fix this"
+    if final or attempt >= settings.max_attempts:
+        # Recorded, so that giving up outlives the Jobs' TTL instead of starting over.
+        return EngineState(
+            "Failed",
+            f"{base}. Gave up; change the engine spec, or run `kubectl delete "
+            f"jobs,configmaps -l {KEY_LABEL}={identity.key}` to retry.",
+            job=name,
+            attempts=attempt,
+            action="record-failure",
+        )
+    failed_at = parse_time(failed.get("lastTransitionTime")) or now
+    retry_at = failed_at + dt.timedelta(seconds=settings.retry_base_seconds * 2 ** (attempt - 1))
+    if now >= retry_at:
+        return EngineState(
+            "Failed",
+            f"{base}. Retrying as attempt {attempt + 1}.",
+            job=name,
+            attempts=attempt,
+            action="create",
+            next_attempt=attempt + 1,
+        )
+    return EngineState(
+        "Failed",
+        f"{base}. Retry at {retry_at.strftime('%Y-%m-%dT%H:%M:%SZ')}.",
+        job=name,
+        attempts=attempt,
+        next_retry=retry_at,
+    )
 
 
 def _running_since(pod: Mapping[str, Any]) -> dt.datetime | None:
