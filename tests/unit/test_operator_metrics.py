@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY, generate_latest
 
 from cosyvoice_operator.plan import cleanup
 from cosyvoice_operator.plan.service import Policy
-from cosyvoice_operator.shell import controller, metrics
+from cosyvoice_operator.shell import caches, metrics
 from cosyvoice_operator.shell.controller import Controller, Settings
 from cosyvoice_operator.shell.kube import Kube, KubeError
 
@@ -79,9 +79,9 @@ def test_a_build_job_is_counted_once_when_it_ends_live_not_when_relisted() -> No
     c = Controller(cast(Kube, object()), ("ml",), Settings(Policy(), cleanup.CleanupSettings()))
 
     async def events() -> None:
-        c._on_job(None, controller.keep_job(job()))
-        c._on_job(controller.keep_job(job()), controller.keep_job(job(COMPLETE)))
-        c._on_job(None, controller.keep_job(job(COMPLETE)))  # a relist after a restart
+        c.router.on_job(None, caches.trim_job(job()))
+        c.router.on_job(caches.trim_job(job()), caches.trim_job(job(COMPLETE)))
+        c.router.on_job(None, caches.trim_job(job(COMPLETE)))  # a relist after a restart
 
     asyncio.run(events())
     assert value("cosyvoice_engine_builds_finished_total", outcome="succeeded") == before + 1
@@ -134,7 +134,7 @@ def test_passes_are_counted_by_kind_and_outcome() -> None:
     before = value("cosyvoice_reconciles_total", kind="service", outcome="retry")
     seen = value("cosyvoice_reconcile_duration_seconds_count", kind="autoscale")
     under, at = bucket("0.25"), bucket("0.5")
-    metrics.record_pass("svc", "retry", 0.02)
+    metrics.record_pass("service", "retry", 0.02)
     metrics.record_pass("scale", "success", 0.4)
     assert value("cosyvoice_reconciles_total", kind="service", outcome="retry") == before + 1
     assert value("cosyvoice_reconcile_duration_seconds_count", kind="autoscale") == seen + 1

@@ -223,6 +223,17 @@ class Cache:
     def __len__(self) -> int:
         return sum(len(inf.store) for inf in self.informers)
 
+    def deliver(self, event: Mapping[str, Any]) -> None:
+        """Hand one watch event (``{"type": "ADDED", "object": {...}}``) to the informer of
+        the object's namespace, as its watch stream would: stored, then handed on. How
+        tests feed the caches without an API server."""
+        namespace = str(((event.get("object") or {}).get("metadata") or {}).get("namespace"))
+        for inf in self.informers:
+            if inf.namespace in (None, namespace) or not inf.kind.namespaced:
+                inf._apply(event)
+                return
+        raise KeyError(f"no informer of {namespace!r} in this cache")
+
     @property
     def synced(self) -> bool:
         return all(inf.synced.is_set() for inf in self.informers)

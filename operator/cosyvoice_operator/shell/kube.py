@@ -45,6 +45,12 @@ class KubeError(Exception):
         super().__init__(f"{verb} {path}: {status} {reason}: {message}".rstrip(": "))
 
     @property
+    def transient(self) -> bool:
+        """The API server is in trouble (no answer, throttling, a 5xx), not refusing this
+        request: the same request may succeed later, so the whole pass is retried."""
+        return self.status in (0, 429) or self.status >= 500
+
+    @property
     def api_message(self) -> str:
         """The API server's own words, as users should read them."""
         return f"{self.status} {self.reason}: {self.message}".strip().rstrip(":")

@@ -83,8 +83,8 @@ ACTIVE = Gauge(
 
 # ---- the control loop ----------------------------------------------------------------------
 
-# Work queue key kinds (controller.ServiceKey[0]) as the metrics name them.
-PASS_KINDS = {"svc": "service", "scale": "autoscale", "gc": "cleanup"}
+# Work queue key kinds (routing.Key.kind) as the metrics name them.
+PASS_KINDS = {"service": "service", "scale": "autoscale", "cleanup": "cleanup"}
 # success: done; retry: tried again with backoff (a conflict, a refused write); error: raised.
 PASS_OUTCOMES = ("success", "retry", "error")
 

@@ -1,0 +1,136 @@
+"""Carrying out effects: the one place where a plan becomes API requests.
+
+Each of the six effect types (`api/effects.py`) has one rule, stated here once:
+
+- CreateObject: create if absent; an object of that name already there counts as done;
+- ApplyObject: server-side apply of the whole object under the operator's field manager;
+- DeleteObject: delete that exact object (uid precondition); already gone counts as done;
+- PatchObject: a JSON merge patch of an object the operator owns;
+- PatchStatus: a merge patch of the service's status with its resourceVersion as
+  precondition. When the service changed since the cache saw it (or our previous write has
+  not come back yet), nothing is written and :class:`Conflict` is raised: the pass is
+  planned again, with backoff, on the newer copy;
+- PostEvent: an Event on the service (or the object it names). Events follow a status
+  write, and only an accepted one (:meth:`Applier.report`): a status refused or in conflict
+  posts nothing, so a pass repeated on the same world never posts an Event twice.
+
+Failures: an API server in trouble (:attr:`KubeError.transient`) fails the whole pass, which
+is retried with backoff. A refusal (any other 4xx) of a world effect is gathered by
+:meth:`Applier.carry_out_all` (name -> the API server's words) for the planner to report.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cosyvoice_operator.api import labels
+from cosyvoice_operator.api.effects import (
+    ApplyObject,
+    CreateObject,
+    DeleteObject,
+    PatchObject,
+    PatchStatus,
+    PostEvent,
+)
+from cosyvoice_operator.shell import metrics
+from cosyvoice_operator.shell.kube import KINDS_BY_NAME, SERVICES, Kube, KubeError
+
+log = logging.getLogger(__name__)
+
+WorldEffect = CreateObject | ApplyObject | DeleteObject | PatchObject
+Effect = WorldEffect | PatchStatus | PostEvent
+
+
+class Backoff(Exception):
+    """A pass that must be tried again with the key's growing backoff (a refused write, a
+    conflict), without being logged as a failure."""
+
+
+class Conflict(Backoff):
+    """The service changed since the cache saw it: plan again on the newer copy."""
+
+
+class Applier:
+    """Carries out effects for the passes of one operator (all of its requests are kube's)."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    async def carry_out(
+        self, namespace: str, effect: Effect, service: Mapping[str, Any] | None = None
+    ) -> None:
+        """One effect, in `namespace`; `service` is the service whose pass it is (needed by
+        PatchStatus and PostEvent). Raises KubeError when the API server refuses, Conflict
+        when a status precondition fails."""
+        where = f"{namespace}/{_name(service)}" if service is not None else namespace
+        if isinstance(effect, CreateObject):
+            if await self.kube.create(effect.body):
+                log.info("%s: created %s %s", where, effect.body["kind"], effect.name)
+                if _is_build(effect.body):
+                    metrics.record_build_started()
+        elif isinstance(effect, ApplyObject):
+            await self.kube.apply(effect.body)
+            log.info("%s: applied %s %s", where, effect.body["kind"], effect.name)
+        elif isinstance(effect, DeleteObject):
+            kind = KINDS_BY_NAME[effect.kind]
+            if await self.kube.delete(kind, namespace, effect.name, effect.uid):
+                log.info("%s: deleted %s %s: %s", where, effect.kind, effect.name, effect.why)
+        elif isinstance(effect, PatchObject):
+            kind = KINDS_BY_NAME[effect.kind]
+            await self.kube.merge_patch(kind, namespace, effect.name, effect.patch)
+        elif isinstance(effect, PatchStatus):
+            assert service is not None, "a status is always some service's"
+            patch = {
+                "metadata": {"resourceVersion": effect.resource_version},
+                "status": dict(effect.changes),
+            }
+            if not await self.kube.merge_patch(
+                SERVICES, namespace, _name(service), patch, "status"
+            ):
+                raise Conflict(f"{where} changed since the cache saw it")
+        else:
+            assert service is not None or effect.regarding is not None
+            regarding = effect.regarding or service or {}
+            await self.kube.post_event(regarding, effect.type, effect.reason, effect.message)
+
+    async def carry_out_all(
+        self, namespace: str, effects: Sequence[WorldEffect], service: Mapping[str, Any] | None
+    ) -> dict[str, str]:
+        """World effects in order. Those the API server refuses (a 4xx) are skipped and
+        returned (name -> its message), the others are still carried out; an API server in
+        trouble stops here (the pass is retried with backoff)."""
+        refused: dict[str, str] = {}
+        for effect in effects:
+            try:
+                await self.carry_out(namespace, effect, service)
+            except KubeError as exc:
+                if exc.transient:
+                    raise
+                refused[effect.name] = exc.api_message
+        return refused
+
+    async def report(
+        self,
+        service: Mapping[str, Any],
+        status: PatchStatus | None,
+        events: Sequence[PostEvent],
+    ) -> None:
+        """A pass's status write, then its Events, only once the write is accepted (events
+        without a status change are not posted: they are derived from one)."""
+        if status is None:
+            return
+        namespace = str(service["metadata"].get("namespace"))
+        await self.carry_out(namespace, status, service)
+        for event in events:
+            await self.carry_out(namespace, event, service)
+
+
+def _name(service: Mapping[str, Any] | None) -> str:
+    return str(((service or {}).get("metadata") or {}).get("name"))
+
+
+def _is_build(body: Mapping[str, Any]) -> bool:
+    found = (body.get("metadata") or {}).get("labels") or {}
+    return body.get("kind") == "Job" and found.get(labels.COMPONENT_LABEL) == labels.BUILD_COMPONENT

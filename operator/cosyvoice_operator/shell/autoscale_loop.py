@@ -1,0 +1,154 @@
+"""One service's autoscaling pass: sample Prometheus, decide, write what changed.
+
+The decision and what it writes are pure (`autoscaling/evaluation.py`); this module does the
+I/O around them: the Prometheus sample (the only request it makes besides its status), the
+metrics, and the status and Events through the applier. It writes no replica count into any
+Deployment: `status.autoscaling.desiredReplicas` is written here, and the service's own pass
+sizes the Deployments once that count reaches the cache (see routing.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from cosyvoice_operator.api.effects import PatchStatus, PostEvent
+from cosyvoice_operator.api.spec import ServiceSpec, SpecError, parse
+from cosyvoice_operator.autoscaling import evaluation
+from cosyvoice_operator.autoscaling.policy import Decision, Observation, Recommendation
+from cosyvoice_operator.render import triton
+from cosyvoice_operator.shell import metrics
+from cosyvoice_operator.shell.apply import Applier
+from cosyvoice_operator.shell.caches import Caches
+from cosyvoice_operator.shell.prometheus_source import PrometheusSource
+
+
+def status_effects(
+    body: Mapping[str, Any],
+    changes: Mapping[str, Any],
+    events: Sequence[tuple[str, str, str]],
+) -> tuple[PatchStatus | None, tuple[PostEvent, ...]]:
+    """What `evaluation.status_update` returns, as the effects the applier carries out."""
+    if not changes:
+        return None, ()
+    version = str(body["metadata"].get("resourceVersion") or "")
+    return PatchStatus(dict(changes), version), tuple(PostEvent(*e) for e in events)
+
+
+class Autoscaler:
+    """The autoscaling passes of every service, with what they remember between passes:
+    each service's recent recommendations (its stabilization windows)."""
+
+    def __init__(
+        self,
+        caches: Caches,
+        applier: Applier,
+        prometheus_url: str,
+        window_seconds: int,
+        clock: Callable[[], dt.datetime],
+    ) -> None:
+        self.caches = caches
+        self.applier = applier
+        self.prometheus_url = prometheus_url
+        self.window_seconds = window_seconds
+        self.clock = clock
+        self.recommendations: dict[tuple[str, str], tuple[Recommendation, ...]] = {}
+        self.sources: dict[str, PrometheusSource] = {}
+
+    async def evaluate(self, namespace: str, name: str) -> float | None:
+        """One evaluation: sample, decide, write what changed; the next one after the
+        service's evaluation interval. Stops (no requeue) when the service goes or turns its
+        autoscaler off. Raises Conflict when the service changed meanwhile."""
+        body = self.caches.services.get(namespace, name)
+        ref = (namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            self.forget(namespace, name)
+            return None
+        try:
+            svc = parse(body.get("spec") or {})
+        except SpecError:
+            return None
+        if not svc.autoscaling.enabled:
+            self.forget(namespace, name)
+            return None
+        interval = float(svc.autoscaling.evaluation_interval_seconds)
+        deployments = self.caches.world.deployments(namespace, name)
+        if not deployments:
+            return interval  # nothing serves yet: nothing to scale
+        pods = self.caches.world.serving_pods(namespace, name)
+        fleet = evaluation.fleet(deployments, pods)
+        now = self.clock()
+        obs = await self._observe(svc, namespace, evaluation.ready_pod_names(pods), now)
+        decision = evaluation.decide(svc, obs, fleet, self.recommendations.get(ref, ()), now)
+        names = {str(d["metadata"]["name"]) for d in deployments}
+        autoscalers = [
+            h for h in self.caches.autoscalers if h["metadata"].get("namespace") == namespace
+        ]
+        found = evaluation.conflicts(name, svc, autoscalers, names)
+        _record(namespace, name, svc, decision, obs, fleet.ready, len(found))
+        generation = int(body["metadata"].get("generation") or 0)
+        changes, events = evaluation.status_update(
+            body.get("status") or {}, svc, decision, obs, found, generation, now
+        )
+        status, posts = status_effects(body, changes, events)
+        await self.applier.report(body, status, posts)
+        # Kept only once the evaluation counts (a conflict retried must not record twice).
+        self.recommendations[ref] = decision.history
+        return interval
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.recommendations.pop((namespace, name), None)
+        metrics.forget(namespace, name)
+
+    async def _observe(
+        self, svc: ServiceSpec, namespace: str, ready: list[str], now: dt.datetime
+    ) -> Observation:
+        url = svc.autoscaling.prometheus_url or self.prometheus_url
+        if not url:
+            return evaluation.unavailable(
+                evaluation.NO_PROMETHEUS,
+                "no Prometheus to read: set spec.autoscaling.prometheusUrl or the operator's "
+                "COSYVOICE_PROMETHEUS_URL (chart value config.prometheusUrl)",
+                now,
+            )
+        if not ready:
+            return evaluation.unavailable(
+                evaluation.NO_PODS, "no serving pod is Ready yet: nothing to measure", now
+            )
+        if url not in self.sources:
+            self.sources[url] = PrometheusSource(url, window_seconds=self.window_seconds)
+        sample = await self.sources[url].sample(
+            namespace, ready, triton.orchestrator(svc.model.variant)
+        )
+        return evaluation.observation(sample, now)
+
+
+def _record(
+    namespace: str,
+    name: str,
+    svc: ServiceSpec,
+    decision: Decision,
+    obs: Observation,
+    ready: int,
+    conflicts: int,
+) -> None:
+    a = svc.autoscaling
+    metrics.record_evaluation(
+        namespace,
+        name,
+        decision.direction,
+        a.mode,
+        decision.replicas,
+        ready,
+        obs.queue_latency_ms,
+        "" if obs.available else obs.unavailable_reason,
+    )
+    metrics.record_autoscaling_spec(
+        namespace,
+        name,
+        a.target_queue_latency_milliseconds,
+        a.min_replicas,
+        a.max_replicas,
+        conflicts,
+    )
