@@ -98,6 +98,21 @@ def test_unknown_fields_are_refused_as_the_api_server_does(
     assert err == f'error: {manifest}: unknown field "{path}" (kubectl explain cvs.spec)\n'
 
 
+def test_a_mistyped_time_zone_fails_render(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the CRD cannot check (an IANA zone) is checked by spec.parse, so render refuses
+    it before the operator would (as InvalidSpec on the service)."""
+    body = yaml.safe_load((REPO / "examples/cosyvoice3.yaml").read_text())
+    body["spec"]["autoscaling"]["schedules"][0]["timezone"] = "Asia/Shanghi"
+    manifest = tmp_path / "svc.yaml"
+    manifest.write_text(yaml.safe_dump(body))
+    assert main(["render", "-f", str(manifest), "--gpu-product", "NVIDIA-L20"]) == 2
+    err = capsys.readouterr().err
+    assert "spec.autoscaling.schedules[0].timezone: unknown IANA time zone 'Asia/Shanghi'" in err
+    assert err.count("\n") == 1
+
+
 def test_every_example_passes_the_strict_check(capsys: pytest.CaptureFixture[str]) -> None:
     for example in sorted((REPO / "examples").glob("*.yaml")):
         assert main(["render", "-f", str(example), "--gpu-product", "NVIDIA-L20"]) == 0, example

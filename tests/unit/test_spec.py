@@ -299,7 +299,139 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         ),
         "spec.autoscaling.schedules[1].minReplicas",
     ),
+    (
+        "schedule-timezone-typo",
+        raw_spec(
+            autoscaling={
+                "schedules": [
+                    {
+                        "name": "day",
+                        "start": "08:00",
+                        "end": "20:00",
+                        "minReplicas": 1,
+                        "timezone": "Asia/Shanghi",
+                    }
+                ]
+            }
+        ),
+        "spec.autoscaling.schedules[0].timezone",
+    ),
+    (
+        "schedule-timezone-path",
+        raw_spec(
+            autoscaling={
+                "schedules": [
+                    {
+                        "name": "day",
+                        "start": "08:00",
+                        "end": "20:00",
+                        "minReplicas": 1,
+                        "timezone": "../../etc/passwd",
+                    }
+                ]
+            }
+        ),
+        "spec.autoscaling.schedules[0].timezone",
+    ),
+    (
+        "schedule-start-not-hhmm",
+        raw_spec(
+            autoscaling={
+                "schedules": [{"name": "day", "start": "8:00", "end": "20:00", "minReplicas": 1}]
+            }
+        ),
+        "spec.autoscaling.schedules[0].start",
+    ),
+    (
+        "schedule-end-24h",
+        raw_spec(
+            autoscaling={
+                "schedules": [{"name": "day", "start": "08:00", "end": "24:00", "minReplicas": 1}]
+            }
+        ),
+        "spec.autoscaling.schedules[0].end",
+    ),
+    (
+        "schedule-start-equals-end",
+        raw_spec(
+            autoscaling={
+                "schedules": [{"name": "day", "start": "08:00", "end": "08:00", "minReplicas": 1}]
+            }
+        ),
+        "spec.autoscaling.schedules[0].end",
+    ),
+    (
+        "schedule-day-typo",
+        raw_spec(
+            autoscaling={
+                "schedules": [
+                    {
+                        "name": "day",
+                        "start": "08:00",
+                        "end": "20:00",
+                        "minReplicas": 1,
+                        "daysOfWeek": ["Mon", "Tues"],
+                    }
+                ]
+            }
+        ),
+        "spec.autoscaling.schedules[0].daysOfWeek",
+    ),
+    (
+        "schedule-day-twice",
+        raw_spec(
+            autoscaling={
+                "schedules": [
+                    {
+                        "name": "day",
+                        "start": "08:00",
+                        "end": "20:00",
+                        "minReplicas": 1,
+                        "daysOfWeek": ["Mon", "Mon"],
+                    }
+                ]
+            }
+        ),
+        "spec.autoscaling.schedules[0].daysOfWeek",
+    ),
+    (
+        "schedule-name-upper",
+        raw_spec(
+            autoscaling={
+                "schedules": [
+                    {"name": "Business", "start": "08:00", "end": "20:00", "minReplicas": 1}
+                ]
+            }
+        ),
+        "spec.autoscaling.schedules[0].name",
+    ),
+    (
+        "schedule-name-twice",
+        raw_spec(
+            autoscaling={
+                "schedules": [
+                    {"name": "day", "start": "08:00", "end": "20:00", "minReplicas": 1},
+                    {"name": "day", "start": "09:00", "end": "10:00", "minReplicas": 1},
+                ]
+            }
+        ),
+        "spec.autoscaling.schedules[1].name",
+    ),
 ]
+
+
+def test_a_mistyped_time_zone_is_refused_with_the_likely_one() -> None:
+    """Issue 23: `Asia/Shanghi` passed the CRD and `render`, and turned autoscaling off with a
+    traceback at every evaluation."""
+    window = {"name": "day", "start": "08:00", "end": "20:00", "minReplicas": 1}
+    with pytest.raises(
+        SpecError, match=r"unknown IANA time zone 'Asia/Shanghi' \(did you mean Asia/Shanghai\?\)"
+    ):
+        spec.parse(raw_spec(autoscaling={"schedules": [{**window, "timezone": "Asia/Shanghi"}]}))
+    (ok,) = spec.parse(
+        raw_spec(autoscaling={"schedules": [{**window, "timezone": "Asia/Shanghai"}]})
+    ).autoscaling.schedules
+    assert ok.timezone == "Asia/Shanghai"
 
 
 @pytest.mark.parametrize(("raw", "field"), [c[1:] for c in INVALID], ids=[c[0] for c in INVALID])
