@@ -7,8 +7,11 @@ the tests see the builder's real command lines, order and resumption behaviour.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import shutil
 import stat
 import sys
 from collections.abc import Sequence
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _pytest.capture import CaptureResult
 
 from cosyvoice_engine_builder import cli
 from cosyvoice_engine_builder.fetch import Downloaders
@@ -91,7 +95,8 @@ class Builder:
     cache: Path
     pvc_root: Path
     env: dict[str, str]
-    capsys: pytest.CaptureFixture[str]
+    # None outside a test (a fixture shared by many): output is then captured here.
+    capsys: pytest.CaptureFixture[str] | None
     downloaders: Downloaders | None = None
     call_log: Path = field(init=False)
     termination_path: Path = field(init=False)
@@ -123,13 +128,24 @@ class Builder:
         argv += [f"--{k.replace('_', '-')}" for k, v in flags.items() if v]
         return argv
 
+    def readouterr(self) -> CaptureResult[str]:
+        """What the test printed since the last call (a test's own builder only)."""
+        assert self.capsys is not None
+        return self.capsys.readouterr()
+
     def run(self, argv: list[str], *, env: dict[str, str] | None = None) -> Result:
         self.termination_path.unlink(missing_ok=True)
-        self.capsys.readouterr()
-        code = cli.main(argv, environ=env or self.env, downloaders=self.downloaders)
-        captured = self.capsys.readouterr()
+        if self.capsys is None:
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = cli.main(argv, environ=env or self.env, downloaders=self.downloaders)
+            captured = (out.getvalue(), err.getvalue())
+        else:
+            self.capsys.readouterr()
+            code = cli.main(argv, environ=env or self.env, downloaders=self.downloaders)
+            captured = self.capsys.readouterr()
         raw = self.termination_path.read_text() if self.termination_path.exists() else None
-        return Result(code, captured.out, captured.err, json.loads(raw) if raw else None, raw)
+        return Result(code, captured[0], captured[1], json.loads(raw) if raw else None, raw)
 
     def build(self, *, env_extra: dict[str, str] | None = None, **overrides: Any) -> Result:
         env = {**self.env, **(env_extra or {})}
@@ -157,6 +173,11 @@ class Builder:
 
 @pytest.fixture
 def builder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Builder:
+    return new_builder(tmp_path, capsys)
+
+
+def new_builder(tmp_path: Path, capsys: pytest.CaptureFixture[str] | None) -> Builder:
+    """A builder in ``tmp_path`` with stand-in tools and both variants' models."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     convert = _write_tool(bin_dir / "convert_checkpoint.py", "convert", executable=False)
@@ -191,3 +212,26 @@ def builder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Builder:
     return Builder(
         tmp=tmp_path, cache=tmp_path / "engines", pvc_root=pvc_root, env=env, capsys=capsys
     )
+
+
+KEY2 = "fedcba9876543210fedc"
+
+
+@pytest.fixture(scope="session")
+def serving_engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cache with the two engines the serving tests serve, built once per session by the
+    builder's own pipeline: ``KEY`` a cosyvoice3 engine of tensor-parallel size 2, ``KEY2``
+    a cosyvoice2 engine. Tests get copies (:func:`copy_engines`): some break theirs."""
+    builder = new_builder(tmp_path_factory.mktemp("serving-engines"), None)
+    built = builder.build(
+        variant="cosyvoice3", model_uri="pvc://models/cosyvoice3", tensor_parallel_size=2
+    )
+    assert built.code == 0, built.out + built.err
+    built = builder.build(key=KEY2)
+    assert built.code == 0, built.out + built.err
+    return builder.cache
+
+
+def copy_engines(engines: Path, cache: Path) -> None:
+    for key in (KEY, KEY2):
+        shutil.copytree(engines / key, cache / key, symlinks=True)

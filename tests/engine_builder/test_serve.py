@@ -46,11 +46,17 @@ from cosyvoice_engine_builder.serving.repository import (
     plan_repository,
 )
 from cosyvoice_engine_builder.serving.supervisor import exit_code_of, reap_orphans
-from tests.engine_builder.conftest import KEY, TRT_VERSION, TRTLLM_VERSION, Builder
+from tests.engine_builder.conftest import (
+    KEY,
+    KEY2,
+    TRT_VERSION,
+    TRTLLM_VERSION,
+    Builder,
+    copy_engines,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_ROOT = str(Path(cosyvoice_engine_builder.__file__).resolve().parents[1])
-KEY2 = "fedcba9876543210fedc"
 H100 = "9.0, NVIDIA H100 80GB HBM3"
 L4 = "8.9, NVIDIA L4"
 CV3_MODELS = ("audio_tokenizer", "cosyvoice3", "speaker_embedding", "token2wav", "vocoder")
@@ -276,9 +282,9 @@ class Pod:
 
     def _run(self, main: Callable[..., int], argv: list[str], env_extra: dict[str, str]) -> Outcome:
         self.termination_path.unlink(missing_ok=True)
-        self.builder.capsys.readouterr()
+        self.builder.readouterr()
         code = main(argv, environ={**self.env, **env_extra})
-        captured = self.builder.capsys.readouterr()
+        captured = self.builder.readouterr()
         return Outcome(code, captured.out, captured.err, self.termination())
 
     def start(
@@ -350,13 +356,8 @@ def _write_model_code(root: Path, variant: str, models: tuple[str, ...]) -> None
 
 
 @pytest.fixture
-def pod(builder: Builder) -> Pod:
-    built = builder.build(
-        variant="cosyvoice3", model_uri="pvc://models/cosyvoice3", tensor_parallel_size=2
-    )
-    assert built.code == 0, built.out + built.err
-    built = builder.build(key=KEY2)
-    assert built.code == 0, built.out + built.err
+def pod(builder: Builder, serving_engines: Path) -> Pod:
+    copy_engines(serving_engines, builder.cache)
     tmp = builder.tmp / "pod"
     tmp.mkdir()
     _write_standins(tmp / "bin")
@@ -539,9 +540,9 @@ def test_the_versions_are_probed_from_the_image_as_the_builder_does(pod: Pod) ->
     env = {k: v for k, v in pod.env.items() if k not in ("TENSORRT_VERSION", "TRTLLM_VERSION")}
     env["PYTHONPATH"] = str(fake)
     pod.termination_path.unlink(missing_ok=True)
-    pod.builder.capsys.readouterr()
+    pod.builder.readouterr()
     code = cli.main(pod.argv(), environ=env)
-    captured = pod.builder.capsys.readouterr()
+    captured = pod.builder.readouterr()
     message = _refused(Outcome(code, captured.out, captured.err, pod.termination()), "tensorrt")
     assert "TensorRT 10.10.0.31 built it, this image has TensorRT 10.9.0.34" in message
 

@@ -19,11 +19,11 @@ def built(builder: Builder) -> Builder:
 
 
 def _verify(builder: Builder, key: str = KEY) -> tuple[int, str, str]:
-    builder.capsys.readouterr()
+    builder.readouterr()
     code = cli.main(
         ["verify", "--cache-dir", str(builder.cache), "--key", key], environ=builder.env
     )
-    captured = builder.capsys.readouterr()
+    captured = builder.readouterr()
     return code, captured.out, captured.err
 
 
