@@ -564,5 +564,13 @@ def test_connect_to_nothing_says_where_it_looked_after_its_attempts(
 def test_connect_without_a_readable_kubeconfig_is_one_clear_line(
     kubeconfig: Callable[[str], None], tmp_path: Path
 ) -> None:
+    # No file at KUBECONFIG: said as such (issue 23: it blamed a missing current-context).
+    with pytest.raises(ConnectError) as caught:
+        asyncio.run(Kube.connect(attempts=1))
+    message = str(caught.value)
+    assert f"KUBECONFIG names {tmp_path / 'kubeconfig'}, and no such file exists" in message
+    assert "current-context" not in message
+    # A file that is not a kubeconfig: the loader's words.
+    (tmp_path / "kubeconfig").write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
     with pytest.raises(ConnectError, match=r"cannot load the kubeconfig .*kubeconfig"):
         asyncio.run(Kube.connect(attempts=1))

@@ -60,6 +60,13 @@ class ConnectError(Exception):
     """The API server cannot be reached or the credentials cannot be loaded (one clear line)."""
 
 
+def _any_file(paths: str) -> bool:
+    """Whether one of the kubeconfig paths (``os.pathsep``-separated, as KUBECONFIG) exists."""
+    import os
+
+    return any(os.path.isfile(os.path.expanduser(p)) for p in paths.split(os.pathsep) if p)
+
+
 @dataclass(frozen=True)
 class Kind:
     """A resource the operator reads or writes, by URL path."""
@@ -145,6 +152,14 @@ class Kube:
             import os
 
             where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+            if not _any_file(where):
+                # The loader would log "Config not found" and blame a missing current-context.
+                named = "KUBECONFIG names" if os.environ.get("KUBECONFIG") else "the default is"
+                raise ConnectError(
+                    f"no kubeconfig: {named} {where}, and no such file exists (and this is not "
+                    "a pod with a service account). Set KUBECONFIG to a kubeconfig file, or run "
+                    "the operator in a pod."
+                ) from None
             try:
                 await config.load_kube_config()
             except Exception as exc:  # the loader raises several unrelated types
