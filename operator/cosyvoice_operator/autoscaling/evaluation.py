@@ -85,8 +85,10 @@ def desired_replicas(svc: ServiceSpec, status: Mapping[str, Any]) -> int:
     if not a.enabled or a.mode != "Active":
         return svc.replicas
     decided = (status.get("autoscaling") or {}).get("desiredReplicas")
-    if isinstance(decided, int):
-        return decided
+    if isinstance(decided, int) and not isinstance(decided, bool):
+        # Status is written by whoever may patch cosyvoiceservices/status: read within the
+        # spec's bounds (a huge count, or a negative one, is not taken as it is).
+        return min(max(decided, a.min_replicas), a.max_replicas)
     return min(max(svc.replicas, a.min_replicas), a.max_replicas)
 
 

@@ -99,12 +99,15 @@ def engine_status(
     previous: Mapping[str, Any],
     generation: int,
     now: dt.datetime,
+    spec_reason: str = "InvalidSpec",
 ) -> dict[str, Any]:
     """The engine part of the status: engines, summary, phase and EngineReady (serving.py
-    reports Available, Progressing, replicas and the READY column)."""
+    reports Available, Progressing, replicas and the READY column). A spec the operator
+    refuses (`spec_error`) is InvalidSpec, or LimitExceeded when it is within the CRD but
+    over one of the operator's limits."""
     prev_conditions = previous.get("conditions") or []
     if spec_error is not None:
-        invalid = _condition("False", "InvalidSpec", spec_error)
+        invalid = _condition("False", spec_reason, spec_error)
         return {
             "observedGeneration": generation,
             "phase": "Failed",

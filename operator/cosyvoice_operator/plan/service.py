@@ -16,6 +16,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -33,7 +34,7 @@ from cosyvoice_operator.api.labels import REMOVING_ANNOTATION
 from cosyvoice_operator.api.spec import ServiceSpec, SpecError, parse
 from cosyvoice_operator.plan import engine_state, engine_status, serving
 from cosyvoice_operator.plan.engine_state import EngineState
-from cosyvoice_operator.render import build_job
+from cosyvoice_operator.render import build_job, triton, workloads
 from cosyvoice_operator.render.build_job import BuildSettings, CacheClaim
 from cosyvoice_operator.render.workloads import ServingSettings
 
@@ -55,6 +56,7 @@ OWNED_STATUS = (
 WARNING_REASONS = frozenset(
     {
         "InvalidSpec",
+        "LimitExceeded",
         "CacheClaimMissing",
         "ModelClaimMissing",
         "ImageNotAllowed",
@@ -90,6 +92,23 @@ class World(Protocol):
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What one service may ask of the cluster, whatever the CRD allows (operator settings
+    COSYVOICE_MAX_*): a service over one gets LimitExceeded and no new objects, and what
+    serves keeps serving."""
+
+    # Replicas: spec.replicas, and spec.autoscaling.maxReplicas when autoscaling is on.
+    max_replicas: int = 100
+    # GPUs the service may hold at its most replicas (replicas x gpusPerReplica).
+    max_gpus_per_service: int = 128
+    # Triton model instances one pod runs: the orchestrator's (Python processes) and the
+    # GPU models' (instancesPerGpu x gpusPerReplica each).
+    max_instances_per_pod: int = 1024
+    # The spec as JSON: what every cached copy and rendered Deployment carries.
+    max_spec_bytes: int = 65536
+
+
+@dataclass(frozen=True)
 class Policy:
     """Operator settings the planners need."""
 
@@ -97,6 +116,57 @@ class Policy:
     serving: ServingSettings = field(default_factory=ServingSettings)
     # Image prefixes services may name (empty: any image).
     allowed_image_prefixes: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+
+
+def limit_problem(
+    raw: Mapping[str, Any], svc: ServiceSpec, limits: Limits
+) -> tuple[str, str] | None:
+    """(field, why) of the first of the operator's limits the service is over, or None."""
+    size = len(json.dumps(raw, separators=(",", ":"), default=str))
+    if size > limits.max_spec_bytes:
+        return "spec", (
+            f"{size} bytes of JSON, over the operator's limit of {limits.max_spec_bytes} "
+            "(COSYVOICE_MAX_SPEC_BYTES)"
+        )
+    a = svc.autoscaling
+    autoscaled = a.enabled and a.max_replicas >= svc.replicas
+    most = a.max_replicas if autoscaled else svc.replicas
+    where = "spec.autoscaling.maxReplicas" if autoscaled else "spec.replicas"
+    if most > limits.max_replicas:
+        return where, (
+            f"{most} replicas, over the operator's limit of {limits.max_replicas} per service "
+            "(COSYVOICE_MAX_REPLICAS)"
+        )
+    gpus = most * svc.serving.gpus_per_replica
+    if gpus > limits.max_gpus_per_service:
+        return where, (
+            f"{most} replicas of {svc.serving.gpus_per_replica} GPUs (spec.serving."
+            f"gpusPerReplica) are {gpus} GPUs, over the operator's limit of "
+            f"{limits.max_gpus_per_service} per service (COSYVOICE_MAX_GPUS_PER_SERVICE)"
+        )
+    instances = instances_per_pod(svc)
+    if instances > limits.max_instances_per_pod:
+        return "spec.serving", (
+            f"{instances} Triton model instances per pod (the orchestrator's "
+            f"{triton.orchestrator_instances(svc)}, from spec.engine.maxBatchSize and "
+            "gpusPerReplica, and instancesPerGpu x gpusPerReplica of each GPU model), over "
+            f"the operator's limit of {limits.max_instances_per_pod} "
+            "(COSYVOICE_MAX_INSTANCES_PER_POD)"
+        )
+    return None
+
+
+def instances_per_pod(svc: ServiceSpec) -> int:
+    """The Triton model instances of one pod: the orchestrator's (Python processes) and, per
+    other model of the variant's repository, instancesPerGpu on each of the pod's GPUs."""
+    others = len(triton.MODEL_NAMES[svc.model.variant]) - 1
+    per_gpu = svc.serving.instances_per_gpu * svc.serving.gpus_per_replica
+    return triton.orchestrator_instances(svc) + others * per_gpu
+
+
+# Status fields and conditions the autoscaler writes; removed when it is turned off.
+AUTOSCALER_CONDITIONS = frozenset({"ScalingActive", "MetricsAvailable", "ScalingConflict"})
 
 
 @dataclass(frozen=True)
@@ -314,10 +384,15 @@ def plan_service(
     generation = int(meta.get("generation") or 0)
     version = str(meta.get("resourceVersion") or "")
     previous = dict(body.get("status") or {})
+    reason = "InvalidSpec"
     try:
         svc = parse(body.get("spec") or {})
+        over = limit_problem(body.get("spec") or {}, svc, policy.limits)
+        if over:
+            reason = "LimitExceeded"
+            raise SpecError(*over)
     except SpecError as exc:
-        new = engine_status.engine_status(None, {}, [], str(exc), previous, generation, now)
+        new = engine_status.engine_status(None, {}, [], str(exc), previous, generation, now, reason)
         # What serves keeps serving: the serving fields stay as they were.
         for key in (
             "replicas",
@@ -347,9 +422,13 @@ def plan_service(
         states[target.key] = st
         creates.extend(made)
     new = engine_status.engine_status(plan, states, blockers, None, previous, generation, now)
-    served = serving.plan_serving(body, svc, plan, states, world, policy.serving, refused)
+    image = workloads.serving_image(svc, policy.serving)
+    blocked = image_problem(image, "the serving image", policy.allowed_image_prefixes) or ""
+    served = serving.plan_serving(body, svc, plan, states, world, policy.serving, refused, blocked)
     new.update(served.status)
     new["conditions"] = conditions.merge(new["conditions"], served.conditions, generation, now)
+    if not svc.autoscaling.enabled:
+        _forget_autoscaler(previous, new)
     engines_ready = any(
         c["type"] == "EngineReady" and c["status"] == "True" for c in new["conditions"]
     )
@@ -367,6 +446,16 @@ def plan_service(
         served.effects,
         served.served_keys,
     )
+
+
+def _forget_autoscaler(previous: Mapping[str, Any], new: dict[str, Any]) -> None:
+    """With autoscaling off, what the autoscaler left (status.autoscaling and its conditions)
+    goes: it describes a loop that no longer runs."""
+    if previous.get("autoscaling") is not None:
+        new["autoscaling"] = None
+    new["conditions"] = [
+        c for c in new.get("conditions") or [] if c.get("type") not in AUTOSCALER_CONDITIONS
+    ]
 
 
 def _step(

@@ -117,15 +117,21 @@ def plan_serving(
     world: ServingWorld,
     settings: ServingSettings,
     refused: Mapping[str, str] | None = None,
+    blocked: str = "",
 ) -> ServingPlan:
     """`refused` names objects the API server refused to take in this pass (name -> its
-    message): they are reported, and tried again with backoff."""
+    message): they are reported, and tried again with backoff. `blocked` says why nothing
+    new may be rendered (the serving image is not allowed): the Deployments there are keep
+    their engine and image, only their replica count follows, and Progressing says why."""
     refused = refused or {}
     meta = body.get("metadata") or {}
     name, namespace = str(meta.get("name")), str(meta.get("namespace"))
     existing = {_arch_of(d): d for d in world.deployments(namespace, name)}
     desired_total = desired_replicas(svc, body.get("status") or {})
     engines = _choose_engines(plan, states, existing)
+    if blocked:
+        frozen = {a: d for a, d in existing.items() if a in engines.fresh or a in engines.frozen}
+        engines = _Engines({}, frozen, [blocked], engines.checkpoint_key)
     served = engines.served
     capacity = _capacity_by_arch(svc, plan, world)
     shares = workloads.split_replicas(desired_total, [(a, capacity.get(a, 0)) for a in served])
@@ -134,16 +140,23 @@ def plan_serving(
     effects += retired
     keys |= kept
     if served:
-        effects += _front_effects(body, namespace, world)
+        effects += _front_effects(body, namespace, world, settings)
     status = _serving_status(name, namespace, existing, engines, shares, desired_total)
     ready = int(status["readyReplicas"])
     updated = _rolled_out(existing, engines.fresh)
     stuck = unschedulable(world.serving_pods(namespace, name))
     rejected = [f"{n}: {m}" for n, m in sorted(refused.items()) if n in _names(effects)]
-    conditions = (
-        _available(bool(served), ready, desired_total, stuck),
-        _progressing(status, desired_total, rejected, stuck, engines.waiting, effects, updated),
+    progressing = _progressing(
+        status, desired_total, rejected, stuck, engines.waiting, effects, updated
     )
+    if blocked:
+        progressing = {
+            "type": "Progressing",
+            "status": "False",
+            "reason": "ImageNotAllowed",
+            "message": blocked,
+        }
+    conditions = (_available(bool(served), ready, desired_total, stuck), progressing)
     all_ready = bool(served) and ready >= desired_total and not engines.frozen and not effects
     return ServingPlan(
         effects=tuple(effects),
@@ -302,13 +315,19 @@ def _present_archs(svc: ServiceSpec, world: ServingWorld) -> set[str]:
     return present
 
 
-def _front_effects(body: Mapping[str, Any], namespace: str, world: ServingWorld) -> list[Effect]:
-    """The Service and the PodDisruptionBudget, applied when they changed."""
+def _front_effects(
+    body: Mapping[str, Any], namespace: str, world: ServingWorld, settings: ServingSettings
+) -> list[Effect]:
+    """The Service, the PodDisruptionBudget and the NetworkPolicy, applied when they
+    changed."""
     effects: list[Effect] = []
-    for obj in (
+    objects = [
         workloads.render_service(body, namespace),
         workloads.render_disruption_budget(body, namespace),
-    ):
+    ]
+    if settings.network_policy:
+        objects.append(workloads.render_network_policy(body, namespace, settings))
+    for obj in objects:
         seen = world.owned(obj["kind"], namespace, obj["metadata"]["name"])
         if workloads.applied_hash(seen) != workloads.applied_hash(obj):
             effects.append(ApplyObject(obj))

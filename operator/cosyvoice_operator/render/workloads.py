@@ -1,6 +1,12 @@
 """The serving workloads of a service (pure): the Triton model repository ConfigMap, one
-Deployment per GPU architecture whose engine is Ready, the Service and the
-PodDisruptionBudget.
+Deployment per GPU architecture whose engine is Ready, the Service, the
+PodDisruptionBudget and (unless turned off) the NetworkPolicy.
+
+The NetworkPolicy admits, to the serving pods, only pods of the same namespace labelled
+``tts.cosyvoice.dev/client: <service name>`` on the inference ports (HTTP 8000, gRPC 8001),
+and the metrics scraper on the metrics port (8002) from the namespaces
+``ServingSettings.scraper_namespace_labels`` selects (every namespace when empty). Other
+clients get in with a NetworkPolicy of their own (policies add up).
 
 Every object is owned by the CosyVoiceService (so the garbage collector removes it with the
 service) and carries the hash of what the operator rendered (`applied-hash`): a pass whose
@@ -66,6 +72,11 @@ class ServingSettings:
     shm_size: str = "2Gi"
     service_account: str = ""
     image_pull_secrets: tuple[str, ...] = ()
+    # A NetworkPolicy per service (see the module docstring); the namespaces the metrics
+    # scraper (Prometheus) runs in, by namespace label (none: any namespace). Off here until
+    # the shell's caches follow NetworkPolicies; the operator's configuration turns it on.
+    network_policy: bool = False
+    scraper_namespace_labels: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,14 +137,20 @@ def common_labels(service: str) -> dict[str, str]:
 
 
 def split_replicas(total: int, archs: Sequence[tuple[str, int]]) -> dict[str, int]:
-    """Deal `total` replicas over (arch, eligible GPUs) pairs; see the module docstring."""
+    """Deal `total` replicas over (arch, eligible GPUs) pairs; see the module docstring.
+    Arithmetic, not a loop over the replicas: a huge count costs nothing."""
     order = sorted(archs, key=lambda a: (-a[1], a[0]))
-    shares = {arch: 0 for arch, _ in order}
-    for i in range(total):
-        if not order:
-            break
-        shares[order[i % len(order)][0]] += 1
-    return shares
+    if not order:
+        return {}
+    each, extra = divmod(max(0, total), len(order))
+    return {arch: each + (1 if i < extra else 0) for i, (arch, _) in enumerate(order)}
+
+
+def serving_image(svc: ServiceSpec, settings: ServingSettings) -> str:
+    """The image of the service's serving pods: its own, or the operator's default (the
+    vLLM one with spec.model.llmRuntime vllm)."""
+    vllm = svc.model.llm_runtime == "vllm"
+    return svc.serving.image or (settings.default_vllm_image if vllm else settings.default_image)
 
 
 def owner(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -403,11 +420,9 @@ def _container(svc: ServiceSpec, target: ArchServing, settings: ServingSettings)
     for i, port in enumerate(triton.llm_ports(svc)):
         ports.append({"name": f"llm-{i}", "containerPort": port, "protocol": "TCP"})
     probe = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "timeoutSeconds": 5}
-    vllm = svc.model.llm_runtime == "vllm"
-    default_image = settings.default_vllm_image if vllm else settings.default_image
     return {
         "name": CONTAINER,
-        "image": svc.serving.image or default_image,
+        "image": serving_image(svc, settings),
         "imagePullPolicy": "IfNotPresent",
         "args": serve_args(svc, target.key, settings, target.checkpoint_key),
         "ports": ports,
@@ -532,3 +547,47 @@ def endpoints(service: str, namespace: str) -> dict[str, str]:
         "http": f"{host}:{HTTP_PORT}",
         "metrics": f"http://{host}:{METRICS_PORT}/metrics",
     }
+
+
+# The label a client pod carries to reach a service's Triton (value: the service's name).
+CLIENT_LABEL = f"{GROUP}/client"
+
+
+def render_network_policy(
+    body: Mapping[str, Any], namespace: str, settings: ServingSettings
+) -> dict[str, Any]:
+    """Ingress to the service's pods: labelled clients of the namespace on HTTP and gRPC, the
+    metrics scraper on the metrics port; nothing else (see the module docstring)."""
+    name = str((body.get("metadata") or {}).get("name"))
+    scraper: dict[str, Any] = {"namespaceSelector": {}}
+    if settings.scraper_namespace_labels:
+        scraper["namespaceSelector"] = {"matchLabels": dict(settings.scraper_namespace_labels)}
+    return stamp(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {
+                "name": service_name(name),
+                "namespace": namespace,
+                "labels": common_labels(name),
+                "ownerReferences": [owner(body)],
+            },
+            "spec": {
+                "podSelector": {"matchLabels": selector_labels(name)},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {
+                        "from": [{"podSelector": {"matchLabels": {CLIENT_LABEL: name}}}],
+                        "ports": [
+                            {"port": HTTP_PORT, "protocol": "TCP"},
+                            {"port": GRPC_PORT, "protocol": "TCP"},
+                        ],
+                    },
+                    {
+                        "from": [scraper],
+                        "ports": [{"port": METRICS_PORT, "protocol": "TCP"}],
+                    },
+                ],
+            },
+        }
+    )
