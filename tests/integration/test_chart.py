@@ -288,6 +288,12 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
                 "prometheusUrl": "http://prometheus:9090",
                 "servingImage": "registry.example/triton:1",
                 "metricsWindowSeconds": 30,
+                "allowedPrometheusUrls": ["https://thanos.example/q", "http://p2:9090"],
+                "vllmImage": "registry.example/triton:1-vllm",
+                "maxReplicas": 8,
+                "maxGpusPerService": 16,
+                "maxInstancesPerPod": 64,
+                "maxSpecBytes": 8192,
             }
         ),
         'nodeSelector={"role":"ops"}',
@@ -313,6 +319,12 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
         "COSYVOICE_PROMETHEUS_URL": "http://prometheus:9090",
         "COSYVOICE_SERVING_IMAGE": "registry.example/triton:1",
         "COSYVOICE_METRICS_WINDOW_SECONDS": "30",
+        "COSYVOICE_ALLOWED_PROMETHEUS_URLS": "https://thanos.example/q,http://p2:9090",
+        "COSYVOICE_VLLM_IMAGE": "registry.example/triton:1-vllm",
+        "COSYVOICE_MAX_REPLICAS": "8",
+        "COSYVOICE_MAX_GPUS_PER_SERVICE": "16",
+        "COSYVOICE_MAX_INSTANCES_PER_POD": "64",
+        "COSYVOICE_MAX_SPEC_BYTES": "8192",
         "COSYVOICE_ALLOWED_IMAGE_PREFIXES": "registry.example/,nvcr.io/nvidia/tritonserver:",
     }
     # And the operator accepts them as they are.
@@ -323,6 +335,12 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
     assert loaded.build.pod_annotations == {"example.com/team": "tts"}
     assert loaded.build.image_pull_secrets == ("regcred", "other")
     assert loaded.peering_lifetime_seconds == 20
+    assert loaded.prometheus_urls == (
+        "http://prometheus:9090",
+        "https://thanos.example/q",
+        "http://p2:9090",
+    )
+    assert (loaded.limits.max_replicas, loaded.limits.max_spec_bytes) == (8, 8192)
     [deployment] = of_kind(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"role": "ops"}

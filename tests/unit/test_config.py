@@ -232,3 +232,62 @@ def test_non_finite_integer_setting_is_a_config_error(name: str, raw: str) -> No
 def test_retry_base_must_be_a_finite_non_negative_number(raw: str) -> None:
     with pytest.raises(ConfigError, match="COSYVOICE_BUILD_RETRY_BASE_SECONDS"):
         config.load({"COSYVOICE_BUILD_RETRY_BASE_SECONDS": raw})
+
+
+# ---- issue 21 -------------------------------------------------------------------------------
+
+
+def test_the_vllm_default_image_is_a_setting_checked_like_the_others() -> None:
+    """H3: it could not be configured, and escaped the allowlist."""
+    env = {
+        "COSYVOICE_ALLOWED_IMAGE_PREFIXES": "registry.corp.example/",
+        "COSYVOICE_BUILDER_IMAGE": "registry.corp.example/builder:1",
+        "COSYVOICE_SERVING_IMAGE": "registry.corp.example/triton:1",
+    }
+    with pytest.raises(ConfigError, match="COSYVOICE_VLLM_IMAGE"):
+        config.load({**env, "COSYVOICE_VLLM_IMAGE": "ghcr.io/elsewhere/triton:1-vllm"})
+    c = config.load({**env, "COSYVOICE_VLLM_IMAGE": "registry.corp.example/triton:1-vllm"})
+    assert c.serving.default_vllm_image == "registry.corp.example/triton:1-vllm"
+    # The built-in default outside the list does not stop the operator: the planner keeps
+    # vLLM services from deploying it (ImageNotAllowed, tests/unit/test_hardening.py).
+    assert config.load(env).serving.default_vllm_image.startswith("ghcr.io/")
+
+
+def test_prometheus_urls_the_autoscaler_may_query() -> None:
+    """H2: by default only the operator's own; more only by the operator's configuration."""
+    own = "http://prometheus.monitoring:9090"
+    assert config.load({}).prometheus_urls == ()
+    assert config.load({"COSYVOICE_PROMETHEUS_URL": own}).prometheus_urls == (own,)
+    c = config.load(
+        {
+            "COSYVOICE_PROMETHEUS_URL": own,
+            "COSYVOICE_ALLOWED_PROMETHEUS_URLS": " https://thanos.example/q , http://p2:9090",
+        }
+    )
+    assert c.prometheus_urls == (own, "https://thanos.example/q", "http://p2:9090")
+    for bad in ("file:///etc/passwd", "gopher://x", "http://", "not a url"):
+        with pytest.raises(ConfigError, match="COSYVOICE_ALLOWED_PROMETHEUS_URLS"):
+            config.load({"COSYVOICE_ALLOWED_PROMETHEUS_URLS": bad})
+    with pytest.raises(ConfigError, match="COSYVOICE_PROMETHEUS_URL"):
+        config.load({"COSYVOICE_PROMETHEUS_URL": "ftp://x"})
+
+
+def test_operator_limits() -> None:
+    """M3: settings with safe defaults."""
+    limits = config.load({}).limits
+    assert (limits.max_replicas, limits.max_gpus_per_service) == (100, 128)
+    assert (limits.max_instances_per_pod, limits.max_spec_bytes) == (1024, 65536)
+    c = config.load(
+        {
+            "COSYVOICE_MAX_REPLICAS": "8",
+            "COSYVOICE_MAX_GPUS_PER_SERVICE": "16",
+            "COSYVOICE_MAX_INSTANCES_PER_POD": "64",
+            "COSYVOICE_MAX_SPEC_BYTES": "8192",
+        }
+    ).limits
+    assert (c.max_replicas, c.max_gpus_per_service, c.max_instances_per_pod) == (8, 16, 64)
+    assert c.max_spec_bytes == 8192
+    with pytest.raises(ConfigError, match="COSYVOICE_MAX_REPLICAS"):
+        config.load({"COSYVOICE_MAX_REPLICAS": "0"})
+    with pytest.raises(ConfigError, match="COSYVOICE_MAX_SPEC_BYTES"):
+        config.load({"COSYVOICE_MAX_SPEC_BYTES": "lots"})

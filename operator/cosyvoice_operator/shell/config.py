@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from cosyvoice_operator.plan.service import Limits
 from cosyvoice_operator.render.build_job import BuildSettings
 from cosyvoice_operator.render.workloads import ServingSettings
 
@@ -54,6 +56,17 @@ class OperatorConfig:
     # With kopf peering: how long a replica that stopped touching the peering object is
     # still taken for alive (kopf's lifetime); a standby takes over after it.
     peering_lifetime_seconds: int = 60
+    # Prometheus URLs a service's spec.autoscaling.prometheusUrl may name besides
+    # prometheus_url (which is always allowed): any other is refused without a request.
+    allowed_prometheus_urls: tuple[str, ...] = ()
+    # What one service may ask for (COSYVOICE_MAX_*).
+    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def prometheus_urls(self) -> tuple[str, ...]:
+        """Every URL the autoscaler may query: the operator's own and the allowed ones."""
+        own = (self.prometheus_url,) if self.prometheus_url else ()
+        return own + self.allowed_prometheus_urls
 
 
 def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -79,10 +92,20 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
         )
     build = _build_settings(env, annotations, pull)
     _check_allowed("COSYVOICE_BUILDER_IMAGE", build.default_builder_image, prefixes)
+    serving_defaults = ServingSettings()
     serving = ServingSettings(
-        default_image=env.get("COSYVOICE_SERVING_IMAGE") or ServingSettings().default_image
+        default_image=env.get("COSYVOICE_SERVING_IMAGE") or serving_defaults.default_image,
+        default_vllm_image=env.get("COSYVOICE_VLLM_IMAGE") or serving_defaults.default_vllm_image,
     )
     _check_allowed("COSYVOICE_SERVING_IMAGE", serving.default_image, prefixes)
+    if env.get("COSYVOICE_VLLM_IMAGE"):
+        # Set, it must be allowed; the built-in default, when outside the list, only keeps
+        # vLLM services from deploying (they say ImageNotAllowed) instead of the operator
+        # from starting, as most installs serve no vLLM.
+        _check_allowed("COSYVOICE_VLLM_IMAGE", serving.default_vllm_image, prefixes)
+    prometheus_url = env.get("COSYVOICE_PROMETHEUS_URL", "")
+    if prometheus_url:
+        _check_url("COSYVOICE_PROMETHEUS_URL", prometheus_url)
     return OperatorConfig(
         build=build,
         serving=serving,
@@ -91,9 +114,43 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
         superseded_grace_seconds=grace,
         workers=workers,
         metrics_window_seconds=window,
-        prometheus_url=env.get("COSYVOICE_PROMETHEUS_URL", ""),
+        prometheus_url=prometheus_url,
         peering_lifetime_seconds=lifetime,
+        allowed_prometheus_urls=_prometheus_urls(env),
+        limits=_limits(env),
     )
+
+
+def _check_url(name: str, url: str) -> None:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
+        raise ConfigError(f"{name}: {url!r} is not an http:// or https:// URL")
+
+
+def _prometheus_urls(env: Mapping[str, str]) -> tuple[str, ...]:
+    name = "COSYVOICE_ALLOWED_PROMETHEUS_URLS"
+    urls = tuple(u.strip() for u in env.get(name, "").split(",") if u.strip())
+    for url in urls:
+        _check_url(name, url)
+    return urls
+
+
+def _limits(env: Mapping[str, str]) -> Limits:
+    defaults = Limits()
+    found = {
+        "max_replicas": _int(env, "COSYVOICE_MAX_REPLICAS", defaults.max_replicas),
+        "max_gpus_per_service": _int(
+            env, "COSYVOICE_MAX_GPUS_PER_SERVICE", defaults.max_gpus_per_service
+        ),
+        "max_instances_per_pod": _int(
+            env, "COSYVOICE_MAX_INSTANCES_PER_POD", defaults.max_instances_per_pod
+        ),
+        "max_spec_bytes": _int(env, "COSYVOICE_MAX_SPEC_BYTES", defaults.max_spec_bytes),
+    }
+    for attr, value in found.items():
+        if value < 1:
+            raise ConfigError(f"COSYVOICE_{attr.upper()}: at least 1")
+    return Limits(**found)
 
 
 def _pod_annotations(env: Mapping[str, str]) -> dict[str, str]:

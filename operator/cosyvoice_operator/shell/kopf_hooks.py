@@ -36,6 +36,7 @@ def settings_from(cfg: config.OperatorConfig, peering: tuple[str, int] | None) -
             build=cfg.build,
             serving=cfg.serving,
             allowed_image_prefixes=cfg.allowed_image_prefixes,
+            limits=cfg.limits,
         ),
         cleanup=cleanup.CleanupSettings(
             retention_seconds=cfg.engine_retention_seconds,
