@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import pytest
 
-from cosyvoice_operator.shell.informer import Informer
+from cosyvoice_operator.shell.informer import Informer, Refusals
 from cosyvoice_operator.shell.kube import CONFIG_MAPS, Kube, KubeError
 
 NS = "voices"
@@ -249,3 +249,38 @@ def test_a_410_error_event_mid_stream_lists_again_without_counting_an_error(
     assert seen == [(None, "a"), ("a", "a"), ("a", "a")]
     assert informer.get(NS, "a") == config_map("a", 25)
     assert informer.lists == 2 and informer.errors == 0 and waits == []
+
+
+def test_refused_reads_are_one_line_per_backoff_step_for_every_informer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 23: a ServiceAccount without RBAC printed a warning per informer and retry, for
+    ever. The refusals of a step are gathered into one line naming every kind."""
+    now = [0.0]
+    refusals = Refusals(clock=lambda: now[0], gather=0.01)
+    forbidden = KubeError(403, "Forbidden", 'configmaps is forbidden: User "x"', "GET", "/")
+    names = [f"kind{i} in all namespaces" for i in range(10)]
+
+    async def step(delay: float) -> None:
+        for name in names:
+            refusals.refuse(name, forbidden, delay)
+        await asyncio.sleep(0.05)  # the gathering window passes
+
+    async def main() -> None:
+        await step(0.5)
+        now[0] += 0.2  # informers whose jittered retry came early: not a new step yet
+        await step(1.0)
+        now[0] += 1.0
+        await step(1.0)
+        for name in names:
+            refusals.granted(name)
+
+    with caplog.at_level("DEBUG", logger="cosyvoice_operator.shell.informer"):
+        asyncio.run(main())
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith("the API server refuses 10 of the operator's reads (403")
+    assert all(name in warnings[0] for name in names)
+    assert "rbac.create=true" in warnings[0]
+    infos = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+    assert infos == ["the API server grants the operator's reads again"]

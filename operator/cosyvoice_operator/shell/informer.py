@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -35,6 +36,59 @@ PAGE_SIZE = 500
 def key_of(obj: Mapping[str, Any]) -> Key:
     meta = obj.get("metadata") or {}
     return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+class Refusals:
+    """Reads the API server refuses (401/403: missing RBAC, a revoked token), said in one line
+    for every informer at once and once per backoff step, not once per informer and retry: a
+    ServiceAccount without its rules would otherwise print a warning per kind, for ever.
+
+    The informers start together and back off alike, so the refusals of one step arrive
+    within moments of each other: the first one of a step waits ``gather`` seconds for the
+    others, then one line names them all."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, gather: float = 0.5) -> None:
+        self.clock = clock
+        self.gather = gather
+        self.refused: dict[str, str] = {}  # informer name -> the API server's words
+        self._said_at: float | None = None
+        self._pending: asyncio.TimerHandle | None = None
+        self._delay = 0.0
+
+    def refuse(self, name: str, exc: KubeError, delay: float) -> None:
+        """An informer's read was refused; it retries in about ``delay`` seconds. Called
+        from the informer's task (a running event loop)."""
+        self.refused[name] = exc.api_message
+        log.debug("reading %s refused (%s)", name, exc.api_message)
+        self._delay = max(self._delay, delay) if self._pending else delay
+        recent = self._said_at is not None and self.clock() - self._said_at < delay
+        if self._pending is None and not recent:
+            self._pending = asyncio.get_running_loop().call_later(self.gather, self._say)
+
+    def _say(self) -> None:
+        self._pending = None
+        if not self.refused:
+            return
+        self._said_at = self.clock()
+        example = next(iter(self.refused.values()))
+        log.warning(
+            "the API server refuses %d of the operator's reads (%s): %s. The operator needs its "
+            "RBAC rules (the chart's, rbac.create=true; helm template shows them) or valid "
+            "credentials; retrying, next in about %.0fs",
+            len(self.refused),
+            example,
+            ", ".join(sorted(self.refused)),
+            self._delay,
+        )
+
+    def granted(self, name: str) -> None:
+        """An informer's read succeeded."""
+        if self.refused.pop(name, None) is not None and not self.refused:
+            self._said_at = None
+            log.info("the API server grants the operator's reads again")
+
+
+REFUSALS = Refusals()
 
 
 def drop_managed_fields(obj: Obj) -> Obj:
@@ -56,6 +110,7 @@ class Informer:
         label_selector: str = "",
         transform: Transform = drop_managed_fields,
         watch_timeout: int = 300,
+        refusals: Refusals | None = None,
     ) -> None:
         self.kube = kube
         self.kind = kind
@@ -64,6 +119,7 @@ class Informer:
         self.label_selector = label_selector
         self.transform = transform
         self.watch_timeout = watch_timeout
+        self.refusals = REFUSALS if refusals is None else refusals
         self.store: dict[Key, Obj] = {}
         self.synced = asyncio.Event()
         self.lists = 0  # how many times the kind was listed (1 unless a watch expired)
@@ -182,6 +238,7 @@ class Informer:
                 if self._resume is None:
                     self._resume = await self._list()
                     self.synced.set()
+                    self.refusals.granted(self.name)
                 await self._watch()
                 delay = 0.5
             except asyncio.CancelledError:
@@ -192,7 +249,10 @@ class Informer:
                     continue
                 self.errors += 1
                 self.last_error = str(exc)
-                log.warning("watching %s failed (%s); again in %.1fs", self.name, exc, delay)
+                if isinstance(exc, KubeError) and exc.status in (401, 403):
+                    self.refusals.refuse(self.name, exc, delay)
+                else:
+                    log.warning("watching %s failed (%s); again in %.1fs", self.name, exc, delay)
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 30.0)
 

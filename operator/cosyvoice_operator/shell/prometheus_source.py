@@ -63,6 +63,7 @@ from __future__ import annotations
 import asyncio
 import http
 import json
+import logging
 import math
 import re
 import threading
@@ -88,6 +89,18 @@ from cosyvoice_operator.autoscaling.sample import (
     Sample,
     unavailable,
 )
+
+
+class _NoRetryNotes(logging.Filter):
+    """urllib3 logs a warning for each retry of a refused connection ("Retrying (Retry(...))
+    after connection broken ..."): with Prometheus down, one per evaluation per service. The
+    outcome is the sample's (MetricsAvailable says why, with the URL); the note is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Retrying (")
+
+
+logging.getLogger("urllib3.connectionpool").addFilter(_NoRetryNotes())
 
 __all__ = [
     "NOT_ALLOWED",
