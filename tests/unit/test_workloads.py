@@ -287,3 +287,45 @@ def test_a_replica_count_changed_behind_the_operators_back_is_set_again() -> Non
     dep["spec"]["replicas"] = 7  # kubectl scale deploy, or a merge patch while frozen
     [effect] = plan_of(body(replicas=2), world, {}).effects
     assert isinstance(effect, ApplyObject) and effect.body["spec"]["replicas"] == 2
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"variant": "cosyvoice2"},
+        {"variant": "cosyvoice3"},
+        {"variant": "cosyvoice3", "llmRuntime": "vllm"},
+    ],
+    ids=["cosyvoice2", "cosyvoice3", "cosyvoice3-vllm"],
+)
+def test_the_pod_parses_the_rendered_arguments_as_the_operator_means_them(
+    model: dict[str, str],
+) -> None:
+    """The contract between operator and pod: the serving entry point's own parser reads the
+    arguments the operator renders, and the model view it assembles is the ``model_dir`` every
+    rendered Python model opens."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from cosyvoice_engine_builder.serving.options import ServeOptions, build_parser
+    from cosyvoice_operator.render import triton
+
+    svc = service(model=model)
+    args = workloads.serve_args(svc, "k" * 40, ServingSettings(), checkpoint_key="c" * 40)
+    options = ServeOptions.from_args(build_parser().parse_args(args))
+    assert str(options.model_view) == triton.MODEL_VIEW
+    assert options.variant == svc.model.variant
+    assert str(options.engine_dir) == f"{workloads.ENGINES_MOUNT}/{'k' * 40}"
+    assert str(options.repository_config) == workloads.REPO_MOUNT
+    assert (options.http_port, options.grpc_port, options.metrics_port) == (
+        workloads.HTTP_PORT,
+        workloads.GRPC_PORT,
+        workloads.METRICS_PORT,
+    )
+    assert options.vllm == (svc.model.llm_runtime == "vllm")
+    model_dirs = set()
+    for text in triton.render_repository(svc, str(options.engine_dir)).values():
+        config = text_format.Parse(text, mc.ModelConfig())
+        if "model_dir" in config.parameters:
+            model_dirs.add(config.parameters["model_dir"].string_value)
+    assert model_dirs == {triton.MODEL_VIEW}

@@ -73,9 +73,8 @@ class ServingSettings:
     service_account: str = ""
     image_pull_secrets: tuple[str, ...] = ()
     # A NetworkPolicy per service (see the module docstring); the namespaces the metrics
-    # scraper (Prometheus) runs in, by namespace label (none: any namespace). Off here until
-    # the shell's caches follow NetworkPolicies; the operator's configuration turns it on.
-    network_policy: bool = False
+    # scraper (Prometheus) runs in, by namespace label (none: any namespace).
+    network_policy: bool = True
     scraper_namespace_labels: tuple[tuple[str, str], ...] = ()
 
 
@@ -238,7 +237,11 @@ def _resources(svc: ServiceSpec) -> dict[str, Any]:
 def serve_args(
     svc: ServiceSpec, key: str, settings: ServingSettings, checkpoint_key: str = ""
 ) -> list[str]:
-    """The serving container's command line (`cosyvoice-engine-builder serve`)."""
+    """The serving container's arguments (the serving image's entry point is `cosyvoice-serve`).
+
+    The model view is passed explicitly: the Python models' ``model_dir`` parameter
+    (`triton.MODEL_VIEW`) names the directory the pod assembles there.
+    """
     args = [
         "--engine-dir",
         f"{ENGINES_MOUNT}/{key}",
@@ -250,6 +253,8 @@ def serve_args(
         REPO_MOUNT,
         "--model-repository",
         "/tmp/model_repository",
+        "--model-view",
+        triton.MODEL_VIEW,
         "--http-port",
         str(HTTP_PORT),
         "--grpc-port",
