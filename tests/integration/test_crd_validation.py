@@ -972,6 +972,8 @@ STATUS: Json = {
         "desiredReplicas": 2,
         "lastQueueLatencyMilliseconds": 12.5,
         "lastEvaluationTime": "2026-01-01T00:00:00Z",
+        "lastEvaluation": {"time": "2026-01-01T00:00:00Z", "replicas": 2, "reason": "holding"},
+        "specReplicas": 1,
         "lastDecision": {
             "time": "2026-01-01T00:00:00Z",
             "from": 1,
@@ -1006,6 +1008,7 @@ def test_printer_columns_and_status_subresource(cluster: Cluster, namespace: str
         "GPUS",
         "MIN",
         "MAX",
+        "AUTOSCALER",
         "AGE",
     ]
 
@@ -1039,6 +1042,7 @@ def test_printer_columns_and_status_subresource(cluster: Cluster, namespace: str
         "1",
         "1",
         "4",
+        "holding",
     ]
 
 

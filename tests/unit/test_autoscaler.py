@@ -167,3 +167,123 @@ def test_an_evaluation_is_counted_and_its_gauges_follow_the_service() -> None:
     assert (value("cosyvoice_autoscaler_metrics_unavailable_total", reason="Unreachable") or 0) >= 1
     metrics.forget("ml", "tts")
     assert value("cosyvoice_service_desired_replicas", namespace="ml", service="tts") is None
+
+
+def unavailable_decision(url: str, replicas: int = 2) -> Decision:
+    return Decision(
+        replicas=replicas,
+        direction="hold",
+        reason=f"holding at {replicas}: no metrics (Unreachable); no scale-down without data",
+        inputs={"current": replicas},
+        metrics_available=False,
+        metrics_reason="Unreachable",
+        metrics_message=f"Prometheus at {url} did not answer within 5.0s",
+        history=(),
+    )
+
+
+def written(status: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """The status after a merge patch of `changes` (one level deep is enough here)."""
+    merged = dict(status)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
+def test_conditions_follow_a_changed_url_and_generation_without_writing_noise() -> None:
+    """Issue 23: after prometheusUrl changed, MetricsAvailable named the old URL for 100 s
+    with its observedGeneration behind the spec."""
+    first, _ = evaluation.status_update(
+        {}, svc(), unavailable_decision("http://old:9090"), obs(None), [], 1, T0
+    )
+    status = written({}, first)
+    later = T0 + dt.timedelta(seconds=15)
+    moved, events = evaluation.status_update(
+        status, svc(), unavailable_decision("http://new:9091"), obs(None), [], 2, later
+    )
+    assert moved, "a new URL and a new generation must be written"
+    status = written(status, moved)
+    metrics = condition(status, "MetricsAvailable")
+    assert "http://new:9091" in metrics["message"] and metrics["observedGeneration"] == 2
+    assert all(c["observedGeneration"] == 2 for c in status["conditions"])
+    assert events == []  # still unavailable: the Warning was posted when it began
+    # The same again: nothing to write.
+    again, _ = evaluation.status_update(
+        status, svc(), unavailable_decision("http://new:9091"), obs(None), [], 2, later
+    )
+    assert again == {}
+
+
+def test_the_latest_evaluations_reason_is_written_not_only_the_last_change() -> None:
+    """Issue 23: lastDecision changes only when the count does, so 'why isn't it scaling
+    now?' showed an old scale-up; lastEvaluation has the latest reason."""
+    up, _ = evaluation.status_update({}, svc(), decision(4, "up"), obs(), [], 1, T0)
+    status = written({}, up)
+    assert status["autoscaling"]["lastEvaluation"]["reason"] == decision(4, "up").reason
+    hold = Decision(
+        replicas=4,
+        direction="hold",
+        reason="holding at 4: queue latency 40.0 ms within 10% of the 50 ms target",
+        inputs={"current": 4},
+        metrics_available=True,
+        metrics_reason="MetricsFresh",
+        metrics_message="fresh",
+        history=(),
+    )
+    later = T0 + dt.timedelta(seconds=15)
+    changes, events = evaluation.status_update(status, svc(), hold, obs(120.0), [], 1, later)
+    assert changes["autoscaling"]["lastEvaluation"]["reason"].startswith("holding at 4")
+    assert "lastDecision" not in changes["autoscaling"] or (
+        changes["autoscaling"]["lastDecision"] == status["autoscaling"]["lastDecision"]
+    )
+    assert events == []
+    status = written(status, changes)
+    # The same hold with other numbers: no write (they are refreshed with the next one).
+    other = Decision(**{**hold.__dict__, "reason": hold.reason.replace("40.0", "41.5")})
+    quiet, _ = evaluation.status_update(status, svc(), other, obs(121.0), [], 1, later)
+    assert quiet == {}
+
+
+def test_kubectl_scale_on_an_autoscaled_service_is_a_warning_not_a_silent_no_op() -> None:
+    first, _ = evaluation.status_update({}, svc(), decision(4, "up"), obs(), [], 1, T0)
+    status = written({}, first)
+    assert status["autoscaling"]["specReplicas"] == 2
+    active = condition(status, "ScalingActive")["message"]
+    assert "the autoscaler owns the replica count (4" in active
+    assert "spec.replicas (2) is not used" in active
+    scaled = parse(
+        {
+            "model": {"variant": "cosyvoice3", "uri": "hf://a/b"},
+            "replicas": 7,
+            "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 8},
+        }
+    )
+    hold = decision(4, "hold", 4)
+    later = T0 + dt.timedelta(seconds=15)
+    changes, events = evaluation.status_update(status, scaled, hold, obs(), [], 2, later)
+    [(kind, reason, message)] = events
+    assert (kind, reason) == ("Warning", "ReplicasIgnored")
+    assert "spec.replicas changed 2 -> 7" in message and "owns the replica count" in message
+    assert changes["autoscaling"]["specReplicas"] == 7
+    # Once: the next evaluation has nothing to say.
+    status = written(status, changes)
+    _, again = evaluation.status_update(status, scaled, hold, obs(), [], 2, later)
+    assert again == []
+    # In DryRun spec.replicas is what runs: a change of it is no warning.
+    dry = svc(mode="DryRun")
+    dry_first, _ = evaluation.status_update({}, dry, decision(4, "up"), obs(), [], 1, T0)
+    dry_status = written({}, dry_first)
+    dry_status["autoscaling"]["specReplicas"] = 1
+    _, dry_events = evaluation.status_update(dry_status, dry, hold, obs(), [], 2, later)
+    assert not [e for e in dry_events if e[1] == "ReplicasIgnored"]
+    assert (
+        "the Deployments run spec.replicas (2)"
+        in condition(written(dry_status, dry_first), "ScalingActive")["message"]
+    )

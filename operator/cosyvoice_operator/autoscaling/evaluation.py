@@ -5,15 +5,19 @@ The policy itself is `policy.decide`; the controller fetches the sample (the onl
 and carries out what this module returns.
 
 Status writes are kept few on purpose: an evaluation every 15 s for every service must not
-become a status write every 15 s. `status.autoscaling` is written when the desired count,
-the last decision, or a condition changes, or when the observed queue latency moved by more
-than 10% (and 1 ms) from the value last written; the QUEUE-MS column therefore shows the
-latency as of the last meaningful change, and `lastEvaluationTime` when it was written.
+become a status write every 15 s. Every evaluation recomputes everything; it is written when
+something other than a live number changed: the desired count, the last decision, the
+latest evaluation's reason (`lastEvaluation`, numbers masked), a condition's status, reason,
+message (numbers outside URLs masked) or the generation it describes, spec.replicas, or when
+the observed queue latency moved by more than 10% (and 1 ms) from the value last written. A
+write carries the whole evaluation, live numbers included; between writes the QUEUE-MS
+column shows the latency as of the last one, and `lastEvaluationTime` says when that was.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -154,6 +158,14 @@ def status_update(
     ):
         new["lastQueueLatencyMilliseconds"] = round(obs.queue_latency_ms, 2)
     events: list[tuple[str, str, str]] = []
+    _note_spec_replicas(prev, new, svc, decision, found_conflicts, events)
+    evaluated = {
+        "time": conditions.timestamp(now),
+        "replicas": decision.replicas,
+        "reason": decision.reason,
+    }
+    if _masked_evaluation(prev.get("lastEvaluation")) != _masked_evaluation(evaluated):
+        new["lastEvaluation"] = evaluated
     record = _decision_record(prev, decision, now)
     if record is not None:
         new["lastDecision"] = record
@@ -178,9 +190,55 @@ def status_update(
         ):
             events.append(("Warning", "MetricsUnavailable", decision.metrics_message))
     if new != prev or changes:
+        # A write carries everything of this evaluation, live numbers included.
         new["lastEvaluationTime"] = conditions.timestamp(now)
+        new["lastEvaluation"] = evaluated
         changes["autoscaling"] = new
+        changes["conditions"] = merged
     return changes, events
+
+
+def _note_spec_replicas(
+    prev: Mapping[str, Any],
+    new: dict[str, Any],
+    svc: ServiceSpec,
+    decision: Decision,
+    found_conflicts: Sequence[Conflict],
+    events: list[tuple[str, str, str]],
+) -> None:
+    """Records spec.replicas as this evaluation saw it; a change of it while the autoscaler
+    owns the count (`kubectl scale`, an edit) is a Warning Event, not a silent no-op."""
+    new["specReplicas"] = svc.replicas
+    before = prev.get("specReplicas")
+    active = svc.autoscaling.mode == "Active" and not found_conflicts
+    if isinstance(before, int) and before != svc.replicas and active:
+        events.append(
+            (
+                "Warning",
+                "ReplicasIgnored",
+                f"spec.replicas changed {before} -> {svc.replicas} (kubectl scale, or an edit), "
+                "but spec.autoscaling is enabled in Active mode: the autoscaler owns the replica "
+                f"count (now {decision.replicas}) and spec.replicas is not used. To size the "
+                "service by hand, set spec.autoscaling.enabled=false (or mode DryRun) first.",
+            )
+        )
+
+
+# Numbers outside URLs: what changes at every evaluation (latencies, rates, counts) and is
+# refreshed with the next write rather than causing one.
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _masked(text: str) -> str:
+    return " ".join(
+        word if "://" in word else _NUMBER.sub("#", word) for word in str(text).split(" ")
+    )
+
+
+def _masked_evaluation(evaluated: Any) -> tuple[Any, str]:
+    if not isinstance(evaluated, Mapping):
+        return (None, "")
+    return (evaluated.get("replicas"), _masked(str(evaluated.get("reason", ""))))
 
 
 def _decision_record(
@@ -219,13 +277,19 @@ def _autoscaling_conditions(
     mode = svc.autoscaling.mode
     active = mode == "Active" and not found_conflicts
     if active:
-        scaling = ("True", "Active", "the operator sets the replica count from spec.autoscaling")
+        scaling = (
+            "True",
+            "Active",
+            f"the autoscaler owns the replica count ({decision.replicas}, within "
+            f"spec.autoscaling's bounds); spec.replicas ({svc.replicas}) is not used while it "
+            "runs in Active mode, so kubectl scale changes nothing",
+        )
     elif mode == "DryRun":
         scaling = (
             "False",
             "DryRun",
-            "decisions are computed and reported in status.autoscaling; no replica count "
-            "is written (spec.autoscaling.mode: DryRun)",
+            "decisions are computed and reported in status.autoscaling and as DryRun Events; "
+            f"the Deployments run spec.replicas ({svc.replicas}) (spec.autoscaling.mode: DryRun)",
         )
     else:
         scaling = (
@@ -265,11 +329,17 @@ def _condition(kind: str, status: str, reason: str, message: str) -> dict[str, s
     return {"type": kind, "status": status, "reason": reason, "message": message}
 
 
-def _essence(c: Mapping[str, Any]) -> tuple[str, str, str]:
-    """What counts as a change of a condition: MetricsAvailable's message carries live
-    numbers, so only its status and reason count."""
-    message = "" if c["type"] == "MetricsAvailable" else str(c.get("message", ""))
-    return (str(c["status"]), str(c["reason"]), message)
+def _essence(c: Mapping[str, Any]) -> tuple[str, str, str, Any]:
+    """What counts as a change of a condition: its status, reason, message (with its live
+    numbers masked: MetricsAvailable's carries the latest latency) and the generation it
+    describes. A message that names another URL, or a spec changed since, is written at the
+    next evaluation; a new latency alone is not."""
+    return (
+        str(c["status"]),
+        str(c["reason"]),
+        _masked(str(c.get("message", ""))),
+        c.get("observedGeneration"),
+    )
 
 
 def decide(
