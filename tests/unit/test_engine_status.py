@@ -371,6 +371,22 @@ def _entry(key: str, state: str, product: str = "P") -> dict[str, Any]:
         ([_entry("k1", "Failed"), _entry("k2", "Failed")], "Failed 2/2"),
         # unknown products (no key) count by product
         ([_entry("", "Failed", "T4"), _entry("", "Failed", "X9")], "Failed 2/2"),
+        # issue 23: a failed build with a retry scheduled is not "Failed 1/1"
+        ([{**_entry("k1", "Failed"), "nextRetryTime": "2026-12-03T12:01:00Z"}], "Retrying 0/1"),
+        (
+            [
+                _entry("k1", "Ready"),
+                {**_entry("k2", "Failed"), "nextRetryTime": "2026-12-03T12:01:00Z"},
+            ],
+            "Retrying 1/2",
+        ),
+        (
+            [
+                _entry("k1", "Failed"),
+                {**_entry("k2", "Failed"), "nextRetryTime": "2026-12-03T12:01:00Z"},
+            ],
+            "Retrying 0/2",
+        ),
     ],
 )
 def test_engine_summary(entries: list[dict[str, Any]], summary: str) -> None:

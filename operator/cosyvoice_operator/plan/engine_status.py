@@ -75,19 +75,27 @@ def engine_entries(plan: EnginePlan, states: Mapping[str, EngineState]) -> list[
 
 
 def engine_summary(entries: Sequence[Mapping[str, Any]]) -> str:
+    """The ENGINE column: Ready, "Building 1/2", "Retrying 0/1", "Failed 1/1", "Pending 0/1"
+    (ready engines over engines). A failed build with a retry scheduled (nextRetryTime) is
+    Retrying, not Failed: Failed means the operator gave up."""
     keys: dict[str, str] = {}
     for e in entries:
-        keys[e["key"] or e["gpuProduct"]] = e["state"]
+        state = e["state"]
+        if state == "Failed" and e.get("nextRetryTime"):
+            state = "Retrying"
+        keys[e["key"] or e["gpuProduct"]] = state
     if not keys:
         return "None"
     states = list(keys.values())
     ready = states.count("Ready")
     if ready == len(states):
         return "Ready" if len(states) == 1 else f"Ready {ready}/{len(states)}"
-    if "Failed" in states and "Building" not in states and "Pending" not in states:
+    if "Failed" in states and not {"Building", "Pending", "Retrying"} & set(states):
         return f"Failed {states.count('Failed')}/{len(states)}"
     if "Building" in states:
         return f"Building {ready}/{len(states)}"
+    if "Retrying" in states:
+        return f"Retrying {ready}/{len(states)}"
     return f"Pending {ready}/{len(states)}"
 
 
