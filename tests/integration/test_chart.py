@@ -52,6 +52,7 @@ NAMESPACED_RULES: set[Rule] = {
     ("apps", "deployments", frozenset({"list", "watch", "patch", "delete"})),
     ("", "services", frozenset({"list", "watch", "patch"})),
     ("policy", "poddisruptionbudgets", frozenset({"list", "watch", "patch"})),
+    ("networking.k8s.io", "networkpolicies", frozenset({"list", "watch", "patch"})),
     ("autoscaling", "horizontalpodautoscalers", frozenset({"list", "watch"})),
 }
 CLUSTER_RULES: set[Rule] = {
@@ -216,6 +217,25 @@ def test_default_render_is_one_least_privilege_cluster_role(helm: Path) -> None:
     assert {k: v for k, v in env_of(docs).items() if k.startswith("COSYVOICE_")} == {
         "COSYVOICE_ALLOWED_IMAGE_PREFIXES": DEFAULT_PREFIXES_ENV
     }
+
+
+def test_network_policy_values_become_the_operators_settings(helm: Path) -> None:
+    """Issue 21 H1: on by default (the operator's own default, nothing passed); off and the
+    scraper's namespaces as settings."""
+    assert "COSYVOICE_NETWORK_POLICY" not in env_of(render(helm))
+    docs = render(
+        helm,
+        'networkPolicy={"enabled":false,"scraperNamespaceLabels":{"team":"monitoring"}}',
+    )
+    env = env_of(docs)
+    assert env["COSYVOICE_NETWORK_POLICY"] == "false"
+    assert env["COSYVOICE_NETWORK_POLICY_SCRAPER_NAMESPACE_LABELS"] == '{"team":"monitoring"}'
+    from cosyvoice_operator.shell import config
+
+    serving = config.load(env).serving
+    assert serving.network_policy is False
+    assert serving.scraper_namespace_labels == (("team", "monitoring"),)
+    assert config.load(env_of(render(helm))).serving.network_policy is True
 
 
 def test_watch_namespaces_render_roles_per_namespace(helm: Path) -> None:

@@ -86,6 +86,7 @@ class FakeCluster:
             "Deployment": self.caches.deployments,
             "Service": self.caches.core_services,
             "PodDisruptionBudget": self.caches.budgets,
+            "NetworkPolicy": self.caches.network_policies,
         }.get(kind)
 
     def _find(self, kind: Kind, namespace: str, name: str) -> Ref | None:

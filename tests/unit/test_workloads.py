@@ -175,6 +175,7 @@ def test_a_service_gets_one_deployment_per_ready_architecture_then_nothing_to_do
         "ConfigMap",
         "Deployment",
         "Deployment",
+        "NetworkPolicy",  # issue 21: on by default
         "PodDisruptionBudget",
         "Service",
     ]

@@ -131,6 +131,11 @@ informers, so there is no `get` anywhere, and it reads no Secret at all.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["list", "watch", "patch"]
+# Each service's NetworkPolicy (server-side applied; owned by the service, so the garbage
+# collector removes it with it): only labelled clients and the metrics scraper reach Triton.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["list", "watch", "patch"]
 # Other autoscalers, followed by an informer: one that targets a service or its Deployments
 # while the operator's autoscaler runs is reported as ScalingConflict, never fought.
 - apiGroups: ["autoscaling"]

@@ -14,6 +14,12 @@ Each of the six effect types (`api/effects.py`) has one rule, stated here once:
   write, and only an accepted one (:meth:`Applier.report`): a status refused or in conflict
   posts nothing, so a pass repeated on the same world never posts an Event twice.
 
+Redaction: every string of a status patch (condition and engine messages above all) and
+every Event message passes :func:`logs.redact` here, the one place they leave the operator:
+they quote builders, Prometheus and the API server, and status and Events are read by far
+more people than the operator's Secrets. A status patch that redaction makes equal to what
+is stored is not written (and its Events not posted).
+
 Failures: an API server in trouble (:attr:`KubeError.transient`) fails the whole pass, which
 is retried with backoff. A refusal (any other 4xx) of a world effect is gathered by
 :meth:`Applier.carry_out_all` (name -> the API server's words) for the planner to report.
@@ -36,6 +42,7 @@ from cosyvoice_operator.api.effects import (
 )
 from cosyvoice_operator.shell import metrics
 from cosyvoice_operator.shell.kube import KINDS_BY_NAME, SERVICES, Kube, KubeError
+from cosyvoice_operator.shell.logs import redact
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +91,7 @@ class Applier:
             assert service is not None, "a status is always some service's"
             patch = {
                 "metadata": {"resourceVersion": effect.resource_version},
-                "status": dict(effect.changes),
+                "status": redacted(dict(effect.changes)),
             }
             if not await self.kube.merge_patch(
                 SERVICES, namespace, _name(service), patch, "status"
@@ -93,7 +100,9 @@ class Applier:
         else:
             assert service is not None or effect.regarding is not None
             regarding = effect.regarding or service or {}
-            await self.kube.post_event(regarding, effect.type, effect.reason, effect.message)
+            await self.kube.post_event(
+                regarding, effect.type, effect.reason, redact(effect.message)
+            )
 
     async def carry_out_all(
         self, namespace: str, effects: Sequence[WorldEffect], service: Mapping[str, Any] | None
@@ -121,10 +130,26 @@ class Applier:
         without a status change are not posted: they are derived from one)."""
         if status is None:
             return
+        stored = service.get("status") or {}
+        changes = {k: v for k, v in redacted(dict(status.changes)).items() if stored.get(k) != v}
+        if not changes:
+            return  # only what redaction takes out differed from what is stored
+        status = PatchStatus(changes, status.resource_version)
         namespace = str(service["metadata"].get("namespace"))
         await self.carry_out(namespace, status, service)
         for event in events:
             await self.carry_out(namespace, event, service)
+
+
+def redacted(value: Any) -> Any:
+    """`value` with every string in it redacted (keys are the operator's own)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {k: redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redacted(v) for v in value]
+    return value
 
 
 def _name(service: Mapping[str, Any] | None) -> str:

@@ -21,7 +21,7 @@ from cosyvoice_operator.render import triton
 from cosyvoice_operator.shell import metrics
 from cosyvoice_operator.shell.apply import Applier
 from cosyvoice_operator.shell.caches import Caches
-from cosyvoice_operator.shell.prometheus_source import PrometheusSource
+from cosyvoice_operator.shell.prometheus_source import PrometheusSources
 
 
 def status_effects(
@@ -47,6 +47,7 @@ class Autoscaler:
         prometheus_url: str,
         window_seconds: int,
         clock: Callable[[], dt.datetime],
+        allowed_prometheus_urls: Sequence[str] = (),
     ) -> None:
         self.caches = caches
         self.applier = applier
@@ -54,7 +55,12 @@ class Autoscaler:
         self.window_seconds = window_seconds
         self.clock = clock
         self.recommendations: dict[tuple[str, str], tuple[Recommendation, ...]] = {}
-        self.sources: dict[str, PrometheusSource] = {}
+        # Only the operator's own Prometheus and the ones it is configured to allow: a
+        # service's prometheusUrl is otherwise a request from the operator's pod to anywhere.
+        # A bounded set of clients, closed when dropped.
+        self.sources = PrometheusSources(
+            (prometheus_url, *allowed_prometheus_urls), window_seconds=window_seconds
+        )
 
     async def evaluate(self, namespace: str, name: str) -> float | None:
         """One evaluation: sample, decide, write what changed; the next one after the
@@ -116,10 +122,8 @@ class Autoscaler:
             return evaluation.unavailable(
                 evaluation.NO_PODS, "no serving pod is Ready yet: nothing to measure", now
             )
-        if url not in self.sources:
-            self.sources[url] = PrometheusSource(url, window_seconds=self.window_seconds)
-        sample = await self.sources[url].sample(
-            namespace, ready, triton.orchestrator(svc.model.variant)
+        sample = await self.sources.sample(
+            url, namespace, ready, triton.orchestrator(svc.model.variant)
         )
         return evaluation.observation(sample, now)
 

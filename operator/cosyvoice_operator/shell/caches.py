@@ -25,6 +25,7 @@ from cosyvoice_operator.shell.kube import (
     DISRUPTION_BUDGETS,
     HORIZONTAL_AUTOSCALERS,
     JOBS,
+    NETWORK_POLICIES,
     NODES,
     PEERINGS,
     PODS,
@@ -320,6 +321,7 @@ class Caches:
         self.deployments = cache(DEPLOYMENTS, labels.MANAGED, trim_deployment)
         self.core_services = cache(CORE_SERVICES, labels.MANAGED, trim_owned)
         self.budgets = cache(DISRUPTION_BUDGETS, labels.MANAGED, trim_owned)
+        self.network_policies = cache(NETWORK_POLICIES, labels.MANAGED, trim_owned)
         # Other autoscalers, to report (never fight) one that writes the same replica count.
         self.autoscalers = cache(HORIZONTAL_AUTOSCALERS, "", trim_autoscaler)
         self.peerings: Cache | None = None
@@ -336,6 +338,7 @@ class Caches:
                 "Deployment": self.deployments,
                 "Service": self.core_services,
                 "PodDisruptionBudget": self.budgets,
+                "NetworkPolicy": self.network_policies,
             },
         )
 
@@ -352,6 +355,7 @@ class Caches:
             self.core_services,
             self.budgets,
             self.autoscalers,
+            self.network_policies,
         ]
         return found + ([self.peerings] if self.peerings is not None else [])
 
@@ -368,6 +372,7 @@ class Caches:
             (self.deployments, _then(world.deployment_changed, routes.on_deployment)),
             (self.core_services, routes.on_owned),
             (self.budgets, routes.on_owned),
+            (self.network_policies, routes.on_owned),
             (self.autoscalers, routes.on_autoscaler),
             (self.peerings, on_peering or _ignore),
         ]

@@ -96,6 +96,8 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
     serving = ServingSettings(
         default_image=env.get("COSYVOICE_SERVING_IMAGE") or serving_defaults.default_image,
         default_vllm_image=env.get("COSYVOICE_VLLM_IMAGE") or serving_defaults.default_vllm_image,
+        network_policy=_bool(env, "COSYVOICE_NETWORK_POLICY", serving_defaults.network_policy),
+        scraper_namespace_labels=_labels(env, "COSYVOICE_NETWORK_POLICY_SCRAPER_NAMESPACE_LABELS"),
     )
     _check_allowed("COSYVOICE_SERVING_IMAGE", serving.default_image, prefixes)
     if env.get("COSYVOICE_VLLM_IMAGE"):
@@ -119,6 +121,28 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
         allowed_prometheus_urls=_prometheus_urls(env),
         limits=_limits(env),
     )
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in ("true", "false"):
+        raise ConfigError(f"{name}={env.get(name)!r}: expected true or false")
+    return raw == "true"
+
+
+def _labels(env: Mapping[str, str], name: str) -> tuple[tuple[str, str], ...]:
+    raw = env.get(name, "")
+    try:
+        found = json.loads(raw) if raw else {}
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a JSON object of labels") from None
+    if not isinstance(found, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in found.items()
+    ):
+        raise ConfigError(f"{name}: expected a JSON object of strings")
+    return tuple(sorted(found.items()))
 
 
 def _check_url(name: str, url: str) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from cosyvoice_operator.plan import cleanup
 from cosyvoice_operator.plan.service import Policy, plan_service
+from cosyvoice_operator.plan.serving import served_checkpoint, served_key
 from cosyvoice_operator.shell import logs, metrics
 from cosyvoice_operator.shell.apply import Applier, Backoff
 from cosyvoice_operator.shell.autoscale_loop import Autoscaler
@@ -59,6 +60,8 @@ class Settings:
     # Prometheus the autoscaler reads when a service names none, and its rate window.
     prometheus_url: str = ""
     metrics_window_seconds: int = 60
+    # Other Prometheus URLs a service may name (any other is refused without a request).
+    allowed_prometheus_urls: tuple[str, ...] = ()
 
 
 class Controller:
@@ -92,6 +95,7 @@ class Controller:
             settings.prometheus_url,
             settings.metrics_window_seconds,
             clock,
+            settings.allowed_prometheus_urls,
         )
         self.passes_by_kind: dict[KeyKind, Callable[[Key], Awaitable[float | None]]] = {
             "service": self._reconcile,
@@ -244,12 +248,27 @@ class Controller:
             self.settings.policy,
             self.settings.cleanup,
             self.superseded_since.get(namespace, {}),
-            self.router.served_in(namespace),
+            self.router.served_in(namespace) | self._deployed(namespace),
         )
         self.superseded_since[namespace] = dict(plan.superseded)
-        for effect in plan.effects:
-            await self.applier.carry_out(namespace, effect)
+        # One effect the API server refuses (a 4xx) does not stop the others, nor fail the
+        # namespace's pass for good: it is logged and the pass runs again later.
+        refused = await self.applier.carry_out_all(namespace, plan.effects, None)
+        for name, why in sorted(refused.items()):
+            log.warning("%s: cleanup of %s refused by the API server: %s", namespace, name, why)
         return plan.requeue_after
+
+    def _deployed(self, namespace: str) -> frozenset[str]:
+        """The engine keys (and vLLM checkpoints) the namespace's Deployments serve, as the
+        cache holds them: what the cleanup keeps even before any service's pass has run
+        since the operator started (the router learns them pass by pass)."""
+        found: set[str] = set()
+        for deployment in self.caches.deployments:
+            if deployment["metadata"].get("namespace") == namespace:
+                found.update(
+                    k for k in (served_key(deployment), served_checkpoint(deployment)) if k
+                )
+        return frozenset(found)
 
 
 def _object_of(key: Key) -> tuple[str, str, str, str]:

@@ -46,6 +46,7 @@ def settings_from(cfg: config.OperatorConfig, peering: tuple[str, int] | None) -
         peering=peering,
         prometheus_url=cfg.prometheus_url,
         metrics_window_seconds=cfg.metrics_window_seconds,
+        allowed_prometheus_urls=cfg.allowed_prometheus_urls,
     )
 
 

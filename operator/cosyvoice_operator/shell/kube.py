@@ -95,6 +95,7 @@ EVENTS = Kind("v1", "events")
 DEPLOYMENTS = Kind("apps/v1", "deployments")
 CORE_SERVICES = Kind("v1", "services")
 DISRUPTION_BUDGETS = Kind("policy/v1", "poddisruptionbudgets")
+NETWORK_POLICIES = Kind("networking.k8s.io/v1", "networkpolicies")
 HORIZONTAL_AUTOSCALERS = Kind("autoscaling/v2", "horizontalpodautoscalers")
 CLUSTER_PEERINGS = Kind("kopf.dev/v1", "clusterkopfpeerings", namespaced=False)
 PEERINGS = Kind("kopf.dev/v1", "kopfpeerings")
@@ -104,6 +105,7 @@ KINDS_BY_OBJECT = {
     ("apps/v1", "Deployment"): DEPLOYMENTS,
     ("v1", "Service"): CORE_SERVICES,
     ("policy/v1", "PodDisruptionBudget"): DISRUPTION_BUDGETS,
+    ("networking.k8s.io/v1", "NetworkPolicy"): NETWORK_POLICIES,
 }
 KINDS_BY_NAME = {kind: k for (_, kind), k in KINDS_BY_OBJECT.items()}
 FIELD_MANAGER = "cosyvoice-operator"

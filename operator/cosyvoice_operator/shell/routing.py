@@ -212,7 +212,7 @@ class Router:
         self._wake_owner(obj)
 
     def on_owned(self, old: Obj | None, new: Obj | None) -> None:
-        """A core Service or a PodDisruptionBudget the operator applied."""
+        """A core Service, PodDisruptionBudget or NetworkPolicy the operator applied."""
         obj = new or old
         assert obj is not None
         if _applied_changed(old, new):
