@@ -343,6 +343,13 @@ class _ChatServer(http.server.ThreadingHTTPServer):
         self.event_seconds = event_seconds
         self.served_model = served_model
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-stream (its Triton stopped: a pod removed, the demo
+        stopping) is no error; anything else is printed as the base class does."""
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
+
     def record(self, body: dict[str, Any]) -> None:
         with self.lock:
             self.requests.append(body)
