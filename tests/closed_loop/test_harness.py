@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,14 @@ from tests.triton_twin.test_twin import parse, service
 
 NS = "voices"
 SERVICE_SECONDS = 0.4
+
+
+def wait_until(what: str, condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f}s: {what}")
+        time.sleep(0.1)
 
 
 def test_twin_repository_caps_instances_and_nothing_else() -> None:
@@ -103,14 +112,15 @@ def test_two_pods_are_served_scraped_and_loaded_and_one_goes(tmp_path: Path) -> 
             # Closed loop, 2 in flight: nobody waits, each request takes the service time.
             mark = time.monotonic()
             load.set_concurrency(2)
-            time.sleep(3)
+            wait_until("8 closed-loop requests", lambda: load.summary(since=mark).completed >= 8)
             load.set_concurrency(0)
             # Open loop on top: Poisson arrivals at 5/s.
+            opened = time.monotonic()
             load.set_rate(5)
-            time.sleep(3)
+            wait_until("8 open-loop requests", lambda: load.summary(since=opened).completed >= 8)
             load.stop()
             summary = load.summary(since=mark)
-            assert summary.completed >= 15 and summary.failed == 0, summary
+            assert summary.completed >= 16 and summary.failed == 0, summary
             done = [r for r in load.records(since=mark) if r.ok]
             assert all(r.total_s is not None and r.total_s >= SERVICE_SECONDS for r in done)
             assert summary.first_chunk_p50_s is not None
@@ -118,11 +128,15 @@ def test_two_pods_are_served_scraped_and_loaded_and_one_goes(tmp_path: Path) -> 
             per_server = load.per_server(since=mark)
             assert sorted(per_server) == sorted(servers.grpc_urls())
             assert min(per_server.values()) >= 5, per_server
-            assert servers.llm is not None and sum(servers.llm.requests_per_server()) >= 15
-            success = prometheus.query(
-                f'sum by (pod) (nv_inference_request_success{{namespace="{NS}"}})'
-            )
-            assert all(float(r["value"][1]) > 0 for r in success) and len(success) == 2
+            assert servers.llm is not None and sum(servers.llm.requests_per_server()) >= 16
+
+            def both_pods_counted_successes() -> bool:
+                success = prometheus.query(
+                    f'sum by (pod) (nv_inference_request_success{{namespace="{NS}"}})'
+                )
+                return len(success) == 2 and all(float(r["value"][1]) > 0 for r in success)
+
+            wait_until("Prometheus to scrape both pods' successes", both_pods_counted_successes)
 
             # tts-b goes: out of the file, its process stopped; the load follows tts-a alone.
             gone = live["tts-b"]
@@ -141,8 +155,9 @@ def test_two_pods_are_served_scraped_and_loaded_and_one_goes(tmp_path: Path) -> 
             ]
             mark = time.monotonic()
             load.set_concurrency(2)
-            time.sleep(1.5)
+            wait_until("4 requests to tts-a", lambda: load.summary(since=mark).completed >= 4)
             load.stop()
+            assert load.summary(since=mark).failed == 0
             assert set(load.per_server(since=mark)) == {live["tts-a"].grpc}
 
         # A restart keeps the address and scrapes again.
@@ -155,9 +170,11 @@ def test_two_pods_are_served_scraped_and_loaded_and_one_goes(tmp_path: Path) -> 
     assert live["tts-a"].process is not None and live["tts-a"].process.poll() is not None
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_a_cosyvoice2_pod_is_served_too(tmp_path: Path) -> None:
-    """CosyVoice2's twin (an LLM model inside Triton, no stand-in server), lightly loaded."""
+    """CosyVoice2's twin (an LLM model inside Triton, no stand-in server) under load beyond
+    its orchestrator instances: 6 streams over 2, 40 requests, not one failed. (Its stub used
+    to die under this load: see ``let_go_after_cleanup`` in the stand-in.)"""
     servers = PodServers(
         service("cosyvoice2"),
         tmp_path / "pods",
@@ -169,9 +186,8 @@ def test_a_cosyvoice2_pod_is_served_too(tmp_path: Path) -> None:
     with servers, LoadGenerator(servers.grpc_urls, servers.model) as load:
         assert servers.llm is None and servers.model == "cosyvoice2"
         servers.wait_live(["tts-c"], timeout=60)
-        load.set_concurrency(2)
-        time.sleep(2)
+        load.set_concurrency(6)
+        wait_until("40 requests", lambda: load.summary().sent >= 40, timeout=180)
         load.stop()
         summary = load.summary()
-        # Within the orchestrator's instances; a lost stub would still not be the harness's.
-        assert summary.completed >= 4 and not summary.unexplained_errors, summary
+        assert summary.failed == 0 and summary.completed >= 40, summary

@@ -25,7 +25,7 @@ from tests.triton_twin.test_twin import service
 
 NS = "voices"
 POD = "tts-5c9d8-x2x7q"
-MODEL = "cosyvoice3"  # CosyVoice2's twin can lose a stub under load: harness.STUB_DIED
+MODEL = "cosyvoice3"
 WINDOW = 8  # seconds of rate(); scrapes every second
 SERVICE_SECONDS = 0.3
 INSTANCES = 2  # orchestrator instances: capacity 2 / 0.3 s = 6.7 requests/s

@@ -9,13 +9,12 @@ these numbers. They are CPU-twin numbers: they show the mechanism, not GPU laten
 
 from __future__ import annotations
 
-import concurrent.futures
 import statistics
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from .test_twin import (
     URIS,
     Twin,
     check_loaded_as_rendered,
+    metric,
     run_stream,
     speech_tokens,
     tone,
@@ -80,29 +80,6 @@ def twin_of(
         yield Twin(server, rendered, llm if urls else None)
 
 
-@dataclass
-class Outcome:
-    request_id: str
-    seconds: float
-    error: str
-
-
-def concurrent_streams(twin: Twin, model: str, count: int, then: float = 0.0) -> list[Outcome]:
-    """``count`` single-request streams, the first ``INSTANCES`` at once and the others
-    ``then`` seconds later (once the first hold every instance); how each ended, and when."""
-
-    def one(i: int) -> Outcome:
-        request_id = f"load-{i}-{uuid.uuid4().hex[:6]}"
-        if i >= INSTANCES:
-            time.sleep(then)
-        start = time.monotonic()
-        stream = run_stream(twin.server.grpc, model, {request_id: f"Overload sentence {i}."})
-        return Outcome(request_id, time.monotonic() - start, "; ".join(stream.errors))
-
-    with concurrent.futures.ThreadPoolExecutor(count) as pool:
-        return list(pool.map(one, range(count)))
-
-
 def failures(text: str, model: str) -> float:
     total = 0.0
     for line in text.splitlines():
@@ -111,12 +88,93 @@ def failures(text: str, model: str) -> float:
     return total
 
 
+class Flow:
+    """One streaming request on a gRPC stream of its own, running in the background: when
+    its first audio came, when it ended, and how."""
+
+    def __init__(self, url: str, model: str, target: str, priority: int = 0) -> None:
+        self.request_id = f"flow-{uuid.uuid4().hex[:8]}"
+        self.first_audio = threading.Event()
+        self.done = threading.Event()
+        self.errors: list[str] = []
+        self.seconds = 0.0  # from sending to the end
+        self._client = grpcclient.InferenceServerClient(url)
+        self._started = time.monotonic()
+        self._client.start_stream(callback=self._on_response)
+        self._client.async_stream_infer(
+            model,
+            request_inputs(target),
+            request_id=self.request_id,
+            priority=priority,
+            enable_empty_final_response=True,
+        )
+
+    def _on_response(self, result: Any, error: Any) -> None:
+        if error is not None:
+            self.errors.append(str(error))
+        else:
+            audio = result.as_numpy("waveform")
+            if audio is not None and audio.size:
+                self.first_audio.set()
+            if not result.get_response().parameters["triton_final_response"].bool_param:
+                return
+        self.seconds = time.monotonic() - self._started
+        self.done.set()
+
+    def close(self) -> None:
+        with suppress(Exception):
+            self._client.stop_stream(cancel_requests=not self.done.is_set())
+        self._client.close()
+
+
+@contextmanager
+def flows() -> Iterator[Callable[..., Flow]]:
+    """``start(url, model, target, priority=0)`` starts a :class:`Flow`; all are closed at
+    the end."""
+    started: list[Flow] = []
+
+    def start(url: str, model: str, target: str, priority: int = 0) -> Flow:
+        flow = Flow(url, model, target, priority)
+        started.append(flow)
+        return flow
+
+    try:
+        yield start
+    finally:
+        for flow in started:
+            flow.close()
+
+
+def wait_for(what: str, condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f}s: {what}")
+        time.sleep(0.02)
+
+
 # ---- queue policy --------------------------------------------------------------------------
 
 # CosyVoice2 on one GPU: 4 orchestrator instances, each holding a stream for its whole
-# synthesis; the twin's service time makes every stream take this long.
-SERVICE_SECONDS = 2.0
+# synthesis. The stand-in keeps a stream in its instance, once its first audio is out, until
+# the test creates the hold file (Pace in standins/cosyvoice2): the instances stay busy for
+# as long as the test needs, however slow the machine.
 INSTANCES = 4
+MODEL = "cosyvoice2"
+
+
+def occupy_every_instance(twin: Twin, start: Callable[..., Flow]) -> list[Flow]:
+    """One stream per orchestrator instance, each holding its instance (its first audio out)."""
+    busy = [start(twin.server.grpc, MODEL, f"Overload sentence {i}.") for i in range(INSTANCES)]
+    for flow in busy:
+        wait_for(f"{flow.request_id}'s first audio", flow.first_audio.is_set)
+        assert not flow.errors, flow.errors
+    return busy
+
+
+def pending(twin: Twin) -> float:
+    """Requests waiting in the orchestrator's queue, as Triton reports them."""
+    return metric(twin.server.metrics(), "nv_inference_pending_request_count", MODEL) or 0.0
 
 
 @pytest.mark.timeout(300)
@@ -130,31 +188,30 @@ def test_a_request_past_the_queue_timeout_gets_tritons_timeout_error(tmp_path: P
         },
     )
     assert triton.orchestrator_instances(svc) == INSTANCES
-    env = {"COSYVOICE_TWIN_SERVICE_SECONDS": str(SERVICE_SECONDS)}
-    with twin_of(svc, tmp_path, env) as twin:
+    release = tmp_path / "release"
+    with (
+        twin_of(svc, tmp_path, {"COSYVOICE_TWIN_HOLD_FILE": str(release)}) as twin,
+        flows() as start,
+    ):
         check_loaded_as_rendered(twin)
-        loaded = twin.server.model_config("cosyvoice2")["dynamic_batching"]
-        assert loaded["default_queue_policy"]["timeout_action"] == "REJECT"
-        assert int(loaded["default_queue_policy"]["default_timeout_microseconds"]) == 300_000
-        outcomes = concurrent_streams(twin, "cosyvoice2", INSTANCES + 2)
-        served = [o for o in outcomes if not o.error]
-        shed = [o for o in outcomes if o.error]
+        busy = occupy_every_instance(twin, start)
+        late = [start(twin.server.grpc, MODEL, f"Late sentence {i}.") for i in range(2)]
+        # Shed, not served late: both end while every instance is still held.
+        for flow in late:
+            wait_for(f"{flow.request_id} to end", flow.done.is_set)
+        release.touch()
+        for flow in busy:
+            wait_for(f"{flow.request_id} to end", flow.done.is_set)
         print(
-            "\n[twin] queue timeout 300 ms, service 2.0 s, 4 instances, 6 streams: "
-            f"served {len(served)} in {[round(o.seconds, 2) for o in served]} s; "
-            f"shed {len(shed)} after {[round(o.seconds, 2) for o in shed]} s: "
-            f"{shed[0].error if shed else ''}"
+            "\n[twin] queue timeout 300 ms, 4 instances held, 2 more streams: shed after "
+            f"{[round(f.seconds, 2) for f in late]} s: {late[0].errors}"
         )
-        assert len(served) == INSTANCES, [o.error for o in outcomes]
-        assert len(shed) == 2
-        for outcome in shed:
-            assert TIMEOUT_ERROR in outcome.error, outcome.error
-            # Shed, not served late: answered before a whole service time had passed again.
-            assert outcome.seconds < 2 * SERVICE_SECONDS, outcome
-        deadline = time.monotonic() + 10
-        while failures(twin.server.metrics(), "cosyvoice2") < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert failures(twin.server.metrics(), "cosyvoice2") == 2
+        assert [f.errors for f in busy] == [[]] * INSTANCES
+        for flow in late:
+            assert len(flow.errors) == 1 and TIMEOUT_ERROR in flow.errors[0], flow.errors
+            assert flow.seconds >= 0.3, flow.seconds  # not before the timeout
+        wait_for("2 failures in the metrics", lambda: failures(twin.server.metrics(), MODEL) >= 2)
+        assert failures(twin.server.metrics(), MODEL) == 2
 
 
 @pytest.mark.timeout(300)
@@ -174,54 +231,48 @@ def test_a_full_queue_refuses_at_once_and_priorities_get_their_own_policy(
         },
     )
     assert triton.orchestrator_instances(svc) == INSTANCES
-    env = {"COSYVOICE_TWIN_SERVICE_SECONDS": str(SERVICE_SECONDS)}
-    with twin_of(svc, tmp_path, env) as twin:
-        loaded = twin.server.model_config("cosyvoice2")["dynamic_batching"]
+    release = tmp_path / "release"
+    with (
+        twin_of(svc, tmp_path, {"COSYVOICE_TWIN_HOLD_FILE": str(release)}) as twin,
+        flows() as start,
+    ):
+        check_loaded_as_rendered(twin)
+        loaded = twin.server.model_config(MODEL)["dynamic_batching"]
         assert int(loaded["priority_levels"]) == 2
         assert int(loaded["priority_queue_policy"]["1"]["max_queue_size"]) == 8
-        outcomes = concurrent_streams(twin, "cosyvoice2", INSTANCES + 2, then=0.5)
-        shed = [o for o in outcomes if o.error]
+        busy = occupy_every_instance(twin, start)
+        waiting = start(twin.server.grpc, MODEL, "Queued sentence.")
+        wait_for("one request queued", lambda: pending(twin) == 1)
+        refused = start(twin.server.grpc, MODEL, "Refused sentence.")
+        wait_for("the refusal", refused.done.is_set)
+        assert not waiting.done.is_set()  # still queued: the refusal did not wait for it
         print(
-            "\n[twin] max queue size 1, service 2.0 s, 4 instances, 6 streams: "
-            f"{len(outcomes) - len(shed)} served, {len(shed)} refused after "
-            f"{[round(o.seconds, 3) for o in shed]} s: {shed[0].error if shed else ''}"
+            f"\n[twin] max queue size 1, 4 instances held, 1 queued: the next refused after "
+            f"{refused.seconds:.3f} s: {refused.errors}"
         )
-        # 4 run, 1 waits, 1 is refused as it arrives.
-        assert len(shed) == 1, [o.error for o in outcomes]
-        assert QUEUE_FULL_ERROR in shed[0].error
-        assert shed[0].seconds < SERVICE_SECONDS / 2
+        assert len(refused.errors) == 1 and QUEUE_FULL_ERROR in refused.errors[0]
+        release.touch()
+        for flow in [*busy, waiting]:
+            wait_for(f"{flow.request_id} to end", flow.done.is_set)
+            assert not flow.errors, flow.errors
 
-        # With the highest priority the same overload queues instead of being refused.
-        def urgent(i: int) -> str:
-            client = grpcclient.InferenceServerClient(twin.server.grpc)
-            errors: list[str] = []
-            done = threading.Event()
-
-            def callback(result: Any, error: Any) -> None:
-                if error is not None:
-                    errors.append(str(error))
-                    done.set()
-                elif result.get_response().parameters["triton_final_response"].bool_param:
-                    done.set()
-
-            try:
-                client.start_stream(callback=callback)
-                client.async_stream_infer(
-                    "cosyvoice2",
-                    request_inputs(f"Urgent sentence {i}."),
-                    request_id=f"urgent-{i}-{uuid.uuid4().hex[:6]}",
-                    priority=1,
-                    enable_empty_final_response=True,
-                )
-                assert done.wait(60), "no final response"
-                client.stop_stream()
-            finally:
-                client.close()
-            return "; ".join(errors)
-
-        with concurrent.futures.ThreadPoolExecutor(INSTANCES + 2) as pool:
-            errors = list(pool.map(urgent, range(INSTANCES + 2)))
-        assert errors == [""] * (INSTANCES + 2), errors
+        # With the highest priority, the same overload queues instead of being refused.
+        release.unlink()
+        urgent = [
+            start(twin.server.grpc, MODEL, f"Urgent sentence {i}.", priority=1)
+            for i in range(INSTANCES)
+        ]
+        for flow in urgent:
+            wait_for(f"{flow.request_id}'s first audio", flow.first_audio.is_set)
+        urgent += [
+            start(twin.server.grpc, MODEL, f"Urgent sentence {i}.", priority=1)
+            for i in range(INSTANCES, INSTANCES + 2)
+        ]
+        wait_for("two urgent requests queued", lambda: pending(twin) == 2)
+        release.touch()
+        for flow in urgent:
+            wait_for(f"{flow.request_id} to end", flow.done.is_set)
+        assert [f.errors for f in urgent] == [[]] * (INSTANCES + 2)
 
 
 # ---- stream chunking -----------------------------------------------------------------------
@@ -298,6 +349,7 @@ def first_audio_seconds(twin: Twin, first: int, strategy: str) -> list[float]:
         assert not timed.errors, f"{timed.errors}\n{twin.server.log_tail()}"
         tokens = speech_tokens("cosyvoice3", target)
         assert len(timed.chunks) == expected_chunks(tokens, first, strategy)
+        assert timed.chunks[0].size == first * SAMPLES_PER_TOKEN  # the first chunk's tokens
         audio = np.concatenate(timed.chunks)
         assert audio.shape == (tokens * SAMPLES_PER_TOKEN,)
         np.testing.assert_allclose(audio, tone(audio.size), atol=1e-5)
@@ -322,9 +374,9 @@ def test_a_smaller_first_chunk_arrives_earlier(tmp_path: Path) -> None:
         f"{upstream * 1000:.0f} ms {[round(t * 1000) for t in measured[15]]}; "
         f"firstChunkTokens 5 median {small * 1000:.0f} ms {[round(t * 1000) for t in measured[5]]}"
     )
-    # 18 tokens (6 events) against 8 (3 events) at 60 ms an event: ~180 ms apart.
+    # 18 tokens (6 events) against 8 (3 events) at 60 ms an event: ~180 ms apart. Medians
+    # of 5: one sample stalled by a busy machine moves neither.
     assert small < upstream - 0.08, measured
-    assert max(measured[5]) < upstream, measured
 
 
 # ---- vLLM ----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
@@ -191,24 +191,41 @@ def twin(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Twin]:
 
 
 def check_loaded_as_rendered(twin: Twin) -> None:
-    """Triton took every model and the settings the operator wrote."""
+    """Triton loaded every model the operator rendered, with the operator's settings: its
+    loaded config (``/v2/models/<m>/config``, Triton's own reading and normalisation of the
+    file) against ``render.triton``'s output, field by field, for the fields that decide how
+    the model serves. The twin's one transform (``cpu_twin.to_cpu``: GPU instances on the
+    CPU, the LLM backend made Python) is applied to the expected side here, by hand."""
+    cpu = mc.ModelInstanceGroup.KIND_CPU
     for name, text in twin.rendered.items():
         assert twin.server.model_ready(name), f"{name} not ready:\n{twin.server.log_tail()}"
-        rendered, loaded = parse(text), twin.server.model_config(name)
-        assert int(loaded["max_batch_size"]) == rendered.max_batch_size, name
-        decoupled = loaded.get("model_transaction_policy", {}).get("decoupled", False)
-        assert decoupled == rendered.model_transaction_policy.decoupled, name
-        assert [int(g["count"]) for g in loaded["instance_group"]] == [
-            g.count for g in rendered.instance_group
-        ], name
-        batching = loaded["dynamic_batching"]
-        assert [int(b) for b in batching.get("preferred_batch_size", [])] == list(
-            rendered.dynamic_batching.preferred_batch_size
+        rendered = parse(text)
+        loaded = json_format.ParseDict(
+            twin.server.model_config(name), mc.ModelConfig(), ignore_unknown_fields=True
+        )
+        backend = "python" if rendered.backend == "tensorrtllm" else rendered.backend
+        assert (loaded.name, loaded.backend) == (rendered.name, backend), name
+        assert loaded.max_batch_size == rendered.max_batch_size, name
+        assert (
+            loaded.model_transaction_policy.decoupled == rendered.model_transaction_policy.decoupled
         ), name
-        assert int(batching.get("priority_levels", 0)) == rendered.dynamic_batching.priority_levels
-        assert set(loaded["parameters"]) == set(rendered.parameters), name
-        assert [i["name"] for i in loaded["input"]] == [i.name for i in rendered.input], name
-        assert [o["name"] for o in loaded["output"]] == [o.name for o in rendered.output], name
+        # The twin's transform: KIND_GPU groups become KIND_CPU (without their GPU list);
+        # KIND_CPU groups (the orchestrator, TensorRT-LLM's) stay as they are.
+        assert [(g.count, g.kind, list(g.gpus)) for g in loaded.instance_group] == [
+            (g.count, cpu, []) for g in rendered.instance_group
+        ], name
+        assert loaded.HasField("dynamic_batching") == rendered.HasField("dynamic_batching"), name
+        # Preferred sizes, queue delay, priority levels and default, the default and
+        # per-priority queue policies (timeout, action, size), as rendered.
+        assert loaded.dynamic_batching == rendered.dynamic_batching, (
+            f"{name}: loaded {loaded.dynamic_batching} rendered {rendered.dynamic_batching}"
+        )
+        assert {k: v.string_value for k, v in loaded.parameters.items()} == {
+            k: v.string_value for k, v in rendered.parameters.items()
+        }, name
+        assert list(loaded.input) == list(rendered.input), name
+        assert list(loaded.output) == list(rendered.output), name
+        assert loaded.HasField("sequence_batching") == rendered.HasField("sequence_batching")
 
 
 def stream_through(twin: Twin, streams: int, per_stream: int) -> int:

@@ -44,18 +44,50 @@ def host_array(tensor: Any) -> Any:
     return tensor.as_numpy()
 
 
+def let_go_after_cleanup(caller: Any) -> None:
+    """Return once the stub has run the cleanup of the decoupled BLS call just finished.
+
+    The Python backend of the pytriton wheel's Triton (2.51, python_backend r24.10) keeps
+    every response of a decoupled BLS call in its ``ResponseIterator``, which it also holds in
+    a map. Reading the final response queues a cleanup, which the stub's stub-to-parent
+    thread (a C++ thread, without the GIL) runs by erasing that map entry. When Python has let
+    go of the iterator before then, the erase drops the last reference: every response's
+    NumPy arrays are freed on that thread without the GIL while this model's Python runs on
+    the main thread, and the stub's heap is corrupted (a segfault in ``pymalloc_alloc``,
+    seen by the client as "Stub process 'cosyvoice2_0_N' is not healthy"). Upstream fixed
+    it in r24.12 (python_backend #390: ``~PbTensor`` takes the GIL); the serving image's
+    Triton has the fix.
+
+    ``caller.is_cancelled()`` asks the parent through the same queue, first in first out,
+    and waits for the answer: when it returns, the cleanup has run, so the caller's reference
+    to the iterator, dropped after this, is the last one, and the arrays are freed under the
+    GIL.
+    """
+    caller.is_cancelled()
+
+
 class Pace:
     """The service time the closed-loop harness asks for (a test seam, read at load time).
 
     ``COSYVOICE_TWIN_SERVICE_SECONDS``: each request holds its orchestrator instance at least
     this long; ``COSYVOICE_TWIN_FIRST_CHUNK_SECONDS`` (default a quarter of it) of that
     passes before its first audio. Unset: as fast as the stand-ins go.
+
+    ``COSYVOICE_TWIN_HOLD_FILE``: a stream, once its first audio is sent, goes on only when
+    this file exists: a test that needs every instance busy (to fill the queue behind them)
+    keeps them so for as long as it takes, on a machine of any speed.
     """
 
     def __init__(self) -> None:
         self.total = float(os.environ.get("COSYVOICE_TWIN_SERVICE_SECONDS") or 0)
         first = os.environ.get("COSYVOICE_TWIN_FIRST_CHUNK_SECONDS")
         self.first = min(self.total, float(first) if first else self.total / 4)
+        self.hold = os.environ.get("COSYVOICE_TWIN_HOLD_FILE") or ""
+
+    def until_released(self) -> None:
+        """Wait for the hold file, if there is one to wait for."""
+        while self.hold and not os.path.exists(self.hold):
+            time.sleep(0.01)
 
     @staticmethod
     def wait(start: float, seconds: float) -> None:
@@ -133,7 +165,9 @@ class TritonPythonModel:
         feat = np.zeros((1, 2 * tokens.shape[1], MEL_BINS), dtype=np.float16)
         return text, tokens, feat, embedding
 
-    def _llm(self, text: str, prompt_tokens: Any) -> Iterator[list[int]]:
+    def _llm(self, caller: Any, text: str, prompt_tokens: Any) -> Iterator[list[int]]:
+        """The speech tokens of ``tensorrt_llm`` for the prompt, as they stream in; ``caller``
+        is the request being served (see :func:`let_go_after_cleanup`)."""
         text_ids = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
         input_ids = np.concatenate([text_ids.reshape(1, -1), prompt_tokens], axis=1)
 
@@ -163,6 +197,9 @@ class TritonPythonModel:
                 continue
             length = host_array(pb_utils.get_output_tensor_by_name(response, "sequence_length"))
             yield host_array(ids)[0][0][: int(length[0][0])].tolist()
+        if self.decoupled:
+            let_go_after_cleanup(caller)
+        # Only now may ``responses`` go: its last reference is Python's (GIL held).
 
     def _token2wav(
         self,
@@ -199,11 +236,13 @@ class TritonPythonModel:
                 self.pace.wait(start, self.pace.first)
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio)]))
             sent += 1
+            if sent == 1:
+                self.pace.until_released()
 
         prompt = self._prompt(request)
         tokens: list[int] = []
         offset, hop, chunk = 0, self.chunks.first, 0
-        for new in self._llm(prompt[0] + self._target(request), prompt[1]):
+        for new in self._llm(request, prompt[0] + self._target(request), prompt[1]):
             tokens += new
             while len(tokens) - offset >= hop + LOOKAHEAD_TOKENS:
                 window = tokens[: offset + hop + LOOKAHEAD_TOKENS]
@@ -221,7 +260,8 @@ class TritonPythonModel:
     def _offline(self, request: Any) -> Any:
         start = time.monotonic()
         prompt = self._prompt(request)
-        tokens = [t for new in self._llm(prompt[0] + self._target(request), prompt[1]) for t in new]
+        target = prompt[0] + self._target(request)
+        tokens = [t for new in self._llm(request, target, prompt[1]) for t in new]
         audio = self._token2wav(
             tokens, request.request_id() or str(uuid.uuid4()), prompt, None, True
         )
