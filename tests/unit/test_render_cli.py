@@ -17,7 +17,8 @@ def test_renders_build_jobs_and_workloads_of_an_example(capsys: pytest.CaptureFi
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = [d["kind"] for d in docs]
     assert kinds.count("Job") == kinds.count("Deployment") == kinds.count("ConfigMap") >= 1
-    assert kinds[-2:] == ["Service", "PodDisruptionBudget"]
+    # Issue 21: the NetworkPolicy (on by default) comes last.
+    assert kinds[-3:] == ["Service", "PodDisruptionBudget", "NetworkPolicy"]
     assert {d["metadata"]["namespace"] for d in docs} == {"tts"}
     for dep in (d for d in docs if d["kind"] == "Deployment"):
         [c] = dep["spec"]["template"]["spec"]["containers"]

@@ -64,6 +64,8 @@ def test_the_deployment_as_rendered() -> None:
     )
     golden("serving-service.yaml", workloads.render_service(body(), "ml"))
     golden("serving-pdb.yaml", workloads.render_disruption_budget(body(), "ml"))
+    # Issue 21: who may reach the pods (new on purpose).
+    golden("serving-networkpolicy.yaml", workloads.render_network_policy(body(), "ml", SETTINGS))
 
 
 def test_the_pod_is_restricted_sized_and_pinned_to_its_architecture() -> None:

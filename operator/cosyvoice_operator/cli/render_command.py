@@ -152,6 +152,8 @@ def render_service(
         )
     out.append(workloads.render_service(body, namespace))
     out.append(workloads.render_disruption_budget(body, namespace))
+    if cfg.serving.network_policy:
+        out.append(workloads.render_network_policy(body, namespace, cfg.serving))
     return out
 
 
