@@ -458,10 +458,13 @@ def test_dry_run_prints_the_checks_and_the_commands_and_starts_nothing(pod: Pod)
             f"--kv_cache_free_gpu_memory_fraction 0.4; then wait for "
             f"http://127.0.0.1:{base + index}/health" in lines
         )
+    # Issue 21: the APIs no client needs are restricted to the pod's own key, masked here.
+    restricted = "shared-memory,model-repository,logging,trace:cosyvoice-admin-key=***"
     assert (
         f"[triton] would run: tritonserver --model-repository={pod.repository} "
         "--http-port=8000 --grpc-port=8001 --metrics-port=8002 --allow-metrics=true "
-        "--metrics-config=summary_latencies=true --exit-timeout-secs=20" in lines
+        "--metrics-config=summary_latencies=true --exit-timeout-secs=20 "
+        f"--http-restricted-api={restricted} --grpc-restricted-protocol={restricted}" in lines
     )
 
 
@@ -969,3 +972,33 @@ def test_progress_lines_while_the_llms_load(pod: Pod, monkeypatch: pytest.Monkey
     ), result.out
     healthy = result.out.index(f"trtllm-serve llm1 (GPUs 2,3, port {base + 1}) is healthy")
     assert healthy < result.out.index("[serve] starting Triton:")
+
+
+def test_triton_restricts_the_apis_no_client_needs_to_a_key_nobody_is_shown() -> None:
+    """Issue 21 H1: shared memory, model repository, logging and trace answer only a request
+    with the pod's key (checked against Triton 2.51's flag syntax: the CPU twin's server
+    answers 403 without it, 200 with it); a random key per start unless one is given."""
+    from cosyvoice_engine_builder.serving import launch
+
+    options = launch.ServeOptions.__new__(launch.ServeOptions)
+    for name, value in {
+        "model_repository": "/tmp/r",
+        "http_port": 8000,
+        "grpc_port": 8001,
+        "metrics_port": 8002,
+        "exit_timeout_seconds": 20,
+    }.items():
+        object.__setattr__(options, name, value)
+    argv = launch.tritonserver_argv(options, {})
+    [http] = [a for a in argv if a.startswith("--http-restricted-api=")]
+    [grpc] = [a for a in argv if a.startswith("--grpc-restricted-protocol=")]
+    apis, _, header = http.split("=", 1)[1].partition(":")
+    assert set(apis.split(",")) == {"shared-memory", "model-repository", "logging", "trace"}
+    name, _, key = header.partition("=")
+    assert name == "cosyvoice-admin-key" and len(key) == 64
+    assert grpc.split("=", 1)[1] == http.split("=", 1)[1]
+    # Inference, health, metadata, model config and statistics stay open.
+    assert not {"inference", "health", "metadata"} & set(apis.split(","))
+    assert key not in launch.display(argv) and "cosyvoice-admin-key=***" in launch.display(argv)
+    given = launch.tritonserver_argv(options, {"COSYVOICE_TRITON_ADMIN_KEY": "k" * 40})
+    assert any(a.endswith("cosyvoice-admin-key=" + "k" * 40) for a in given)

@@ -29,7 +29,12 @@ from cosyvoice_engine_builder.serving.exit_codes import (
     ServerFailed,
 )
 from cosyvoice_engine_builder.serving.gate import GateResult, PodFacts, observe_pod, run_gate
-from cosyvoice_engine_builder.serving.launch import LlmServer, plan_llm_servers, tritonserver_argv
+from cosyvoice_engine_builder.serving.launch import (
+    LlmServer,
+    display,
+    plan_llm_servers,
+    tritonserver_argv,
+)
 from cosyvoice_engine_builder.serving.options import ServeOptions, build_parser
 from cosyvoice_engine_builder.serving.repository import (
     ModelEntry,
@@ -179,7 +184,7 @@ def _print_dry_run(plan: PodPlan, console: Console) -> None:
             f"{','.join(server.gpus)} {' '.join(server.argv)}; then wait for "
             f"http://127.0.0.1:{server.port}/health"
         )
-    console.out(f"[triton] would run: {' '.join(plan.triton_argv)}")
+    console.out(f"[triton] would run: {display(plan.triton_argv)}")
 
 
 def _report_refusal(plan: PodPlan, report: Callable[..., None]) -> None:

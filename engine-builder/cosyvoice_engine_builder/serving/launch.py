@@ -7,7 +7,8 @@ supervisor starts and what ``--dry-run`` prints.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,7 +95,26 @@ def trtllm_serve_argv(
     return tuple(argv)
 
 
+# Triton APIs no client of a CosyVoice fleet needs, and through which a client could reach
+# what it must not: the shared-memory registration of NVIDIA's August 2025 bulletin
+# (CVE-2025-23319/23320/23334 chain through it), loading and unloading models
+# (model-repository; CVE-2025-23316 is in its model-name handling), the server's log and
+# trace settings. Triton answers them only to a request carrying the header below with the
+# pod's own key: a random one per server start unless COSYVOICE_TRITON_ADMIN_KEY gives one.
+# Health, metadata, inference, model config and statistics stay open (the NetworkPolicy
+# the operator renders decides who reaches the ports at all).
+RESTRICTED_APIS = ("shared-memory", "model-repository", "logging", "trace")
+ADMIN_HEADER = "cosyvoice-admin-key"
+ADMIN_KEY_ENV = "COSYVOICE_TRITON_ADMIN_KEY"
+_PROCESS_ADMIN_KEY = secrets.token_hex(32)
+
+
+def admin_key(environ: Mapping[str, str]) -> str:
+    return environ.get(ADMIN_KEY_ENV) or _PROCESS_ADMIN_KEY
+
+
 def tritonserver_argv(options: ServeOptions, environ: Mapping[str, str]) -> tuple[str, ...]:
+    restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={admin_key(environ)}"
     return (
         environ.get("TRITONSERVER") or "tritonserver",
         f"--model-repository={options.model_repository}",
@@ -106,7 +126,15 @@ def tritonserver_argv(options: ServeOptions, environ: Mapping[str, str]) -> tupl
         # autoscaler reads queue time, and averages hide the tail that users hear.
         "--metrics-config=summary_latencies=true",
         f"--exit-timeout-secs={options.exit_timeout_seconds}",
+        f"--http-restricted-api={restricted}",
+        f"--grpc-restricted-protocol={restricted}",
     )
+
+
+def display(argv: Sequence[str]) -> str:
+    """A command line as logs show it: the restricted APIs' key masked."""
+    marker = f"{ADMIN_HEADER}="
+    return " ".join(a.split(marker, 1)[0] + marker + "***" if marker in a else a for a in argv)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from types import FrameType
 from typing import IO
 
 from cosyvoice_engine_builder.progress import Console
+from cosyvoice_engine_builder.serving import launch
 from cosyvoice_engine_builder.serving.exit_codes import EXIT_SERVER_FAILED, ServerFailed
 from cosyvoice_engine_builder.serving.launch import LlmServer
 from cosyvoice_engine_builder.serving.options import ServeOptions
@@ -241,7 +242,7 @@ class Supervisor:
         return None
 
     def run_triton(self, argv: Sequence[str], environ: Mapping[str, str]) -> int:
-        self.console.out(f"[serve] starting Triton: {' '.join(argv)}")
+        self.console.out(f"[serve] starting Triton: {launch.display(argv)}")
         self.triton_phase = True
         triton = self._start("tritonserver", argv, environ, piped=False)
         self.triton = triton
