@@ -978,17 +978,20 @@ def test_triton_restricts_the_apis_no_client_needs_to_a_key_nobody_is_shown() ->
     """Issue 21 H1: shared memory, model repository, logging and trace answer only a request
     with the pod's key (checked against Triton 2.51's flag syntax: the CPU twin's server
     answers 403 without it, 200 with it); a random key per start unless one is given."""
-    from cosyvoice_engine_builder.serving import launch
+    import dataclasses
 
-    options = launch.ServeOptions.__new__(launch.ServeOptions)
-    for name, value in {
-        "model_repository": "/tmp/r",
-        "http_port": 8000,
-        "grpc_port": 8001,
-        "metrics_port": 8002,
-        "exit_timeout_seconds": 20,
-    }.items():
-        object.__setattr__(options, name, value)
+    from cosyvoice_engine_builder.serving import launch
+    from cosyvoice_engine_builder.serving.options import ServeOptions
+
+    values: dict[str, object] = {f.name: None for f in dataclasses.fields(ServeOptions)}
+    values.update(
+        model_repository="/tmp/r",
+        http_port=8000,
+        grpc_port=8001,
+        metrics_port=8002,
+        exit_timeout_seconds=20,
+    )
+    options = ServeOptions(**values)  # type: ignore[arg-type]
     argv = launch.tritonserver_argv(options, {})
     [http] = [a for a in argv if a.startswith("--http-restricted-api=")]
     [grpc] = [a for a in argv if a.startswith("--grpc-restricted-protocol=")]
