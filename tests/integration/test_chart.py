@@ -314,6 +314,7 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
                 "maxGpusPerService": 16,
                 "maxInstancesPerPod": 64,
                 "maxSpecBytes": 8192,
+                "companionRevisions": {"hf://o/release": {"hf://o/companion": "c" * 40}},
             }
         ),
         'nodeSelector={"role":"ops"}',
@@ -345,6 +346,9 @@ def test_config_values_become_the_operator_environment(helm: Path) -> None:
         "COSYVOICE_MAX_GPUS_PER_SERVICE": "16",
         "COSYVOICE_MAX_INSTANCES_PER_POD": "64",
         "COSYVOICE_MAX_SPEC_BYTES": "8192",
+        "COSYVOICE_COMPANION_REVISIONS": json.dumps(
+            {"hf://o/release": {"hf://o/companion": "c" * 40}}, separators=(",", ":")
+        ),
         "COSYVOICE_ALLOWED_IMAGE_PREFIXES": "registry.example/,nvcr.io/nvidia/tritonserver:",
     }
     # And the operator accepts them as they are.
@@ -715,9 +719,19 @@ def test_the_operator_builds_an_engine_with_only_the_charts_permissions(
             cluster, "configmap", "-n", served, "-l", f"tts.cosyvoice.dev/engine-key={entry['key']}"
         )
         assert len(records["items"]) == 1, "the engine record ConfigMap was not created"
-        events = get_json(cluster, "events", "-n", served)["items"]
-        reasons = {e["reason"] for e in events if e["involvedObject"]["name"] == "rbac"}
-        assert {"EngineBuildStarted", "EngineReady"} <= reasons, reasons
+        # A build that just works posts no Event (issue 18, item 7); a problem does: a service
+        # naming a cache claim that does not exist, for the chart's Event permission.
+        blocked = json.loads(json.dumps(body))
+        blocked["metadata"]["name"] = "rbac-blocked"
+        blocked["spec"]["engine"] = {"cacheClaimName": "no-such-claim"}
+        cluster.apply(served, json.dumps(blocked))
+
+        def warned() -> set[str] | None:
+            events = get_json(cluster, "events", "-n", served)["items"]
+            found = {e["reason"] for e in events if e["involvedObject"]["name"] == "rbac-blocked"}
+            return found if "CacheClaimMissing" in found else None
+
+        wait_for("the operator's Warning Event", warned, timeout=60)
         # A permission only a later pass needs (the record, the Events) has been used by now;
         # the condition stays as it is.
         obj = get_json(cluster, "cvs", "rbac", "-n", served)
@@ -725,7 +739,7 @@ def test_the_operator_builds_an_engine_with_only_the_charts_permissions(
         # No finalizer (no kopf timers, no deletion handler): deletion never waits on the
         # operator, and the operator sees the deletion through without being refused anything.
         assert not obj["metadata"].get("finalizers"), obj["metadata"].get("finalizers")
-        cluster.kubectl("delete", "cvs", "rbac", "-n", served, "--timeout=30s")
+        cluster.kubectl("delete", "cvs", "rbac", "rbac-blocked", "-n", served, "--timeout=30s")
         assert not exists(cluster, "cvs", "rbac", "-n", served)
     finally:
         op.stop()

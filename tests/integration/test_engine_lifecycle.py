@@ -214,8 +214,9 @@ def test_operator_killed_mid_build_adopts_the_job(
             msg: str = cvs(cluster, ns, "slow")["status"]["engines"][0]["message"]
             return msg if "running on nvidia-l20-" in msg else None
 
-        # Where it runs and since when, so a long build shows it is alive.
-        assert " since 20" in wait_for("the build pod's node", progress, timeout=15)
+        # Where it runs and since when, so a long build shows it is alive (once it has run
+        # REPORT_RUNNING_AFTER, 10 s: a shorter build costs no status write for it).
+        assert " since 20" in wait_for("the build pod's node", progress, timeout=30)
         [job] = jobs(cluster, ns)
         assert not job["status"].get("succeeded")
         op.kill()
@@ -568,8 +569,8 @@ def test_with_peering_one_replica_acts_and_a_standby_takes_over(
         cluster.apply(ns, service("peered", serving={"nodeSelector": L20}))
         wait_engine_ready(cluster, ns, "peered", timeout=90)
         assert len(jobs(cluster, ns)) == 1
-        assert "EngineBuildStarted" in high.log(whole=True)
-        assert "EngineBuildStarted" not in low.log(whole=True)  # the standby did nothing
+        assert "created Job cvs-engine-" in high.log(whole=True)
+        assert "created Job" not in low.log(whole=True)  # the standby did nothing
 
         seen = len(low.log(whole=True))
         high.kill()
@@ -590,7 +591,7 @@ def test_with_peering_one_replica_acts_and_a_standby_takes_over(
             json.dumps({"spec": {"engine": {"maxBatchSize": 32}}}),
         )
         wait_for("a second Job", lambda: len(jobs(cluster, ns)) == 2, timeout=60)
-        assert "EngineBuildStarted" in low.log(whole=True)
+        assert "created Job cvs-engine-" in low.log(whole=True)
     finally:
         low.stop()
         high.stop()

@@ -5,6 +5,7 @@ way a watch would feed it."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import copy
 import itertools
@@ -41,6 +42,7 @@ class FakeCluster:
         self.refuse: dict[str, KubeError] = {}  # object name -> the error its write gets
         self.caches: Caches | None = None
         self.watching = True  # False: writes land, the caches do not hear of them yet
+        self.yields = False  # True: every write lets other tasks run first (a round trip)
         self._version = itertools.count(100)
         self._uid = itertools.count(1)
 
@@ -93,6 +95,10 @@ class FakeCluster:
         found = (r for r in self.objects if r[1:] == (namespace, name))
         return next((r for r in found if r[0].lower() + "s" == kind.plural), None)
 
+    async def _round_trip(self) -> None:
+        if self.yields:
+            await asyncio.sleep(0)
+
     def _count(self, verb: str, kind: str, name: str, resource: str = "") -> None:
         self.requests[(verb, resource or kind.lower() + "s")] += 1
         self.writes.append((verb, kind, name))
@@ -101,17 +107,17 @@ class FakeCluster:
 
     # ---- Kube's writes -------------------------------------------------------------------
 
-    async def create(self, body: Mapping[str, Any]) -> bool:
+    async def create_object(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        await self._round_trip()
         meta = body["metadata"]
         self._count("POST", str(body["kind"]), str(meta["name"]))
         if (str(body["kind"]), str(meta["namespace"]), str(meta["name"])) in self.objects:
-            return False
-        self.put(body)
-        return True
+            return None
+        return copy.deepcopy(self.put(body))
 
-    async def apply(self, body: Mapping[str, Any]) -> None:
+    async def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self._count("PATCH", str(body["kind"]), str(body["metadata"]["name"]))
-        self.put(body)
+        return copy.deepcopy(self.put(body))
 
     async def delete(self, kind: Kind, namespace: str, name: str, uid: str) -> bool:
         ref = self._find(kind, namespace, name)
@@ -122,6 +128,27 @@ class FakeCluster:
         self._tell(ref[0], "DELETED", gone)
         return True
 
+    async def merge_patch_object(
+        self,
+        kind: Kind,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+        subresource: str = "",
+    ) -> dict[str, Any] | None:
+        await self._round_trip()
+        resource = kind.plural + (f"/{subresource}" if subresource else "")
+        ref = self._find(kind, namespace, name)
+        self._count("PATCH", ref[0] if ref else kind.plural, name, resource)
+        if ref is None:
+            return None
+        current = self.objects[ref]
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
+            return None  # 409 Conflict
+        changed = merge(copy.deepcopy(current), {k: v for k, v in patch.items() if k != "metadata"})
+        return copy.deepcopy(self.put(changed, ref[0]))
+
     async def merge_patch(
         self,
         kind: Kind,
@@ -130,18 +157,7 @@ class FakeCluster:
         patch: Mapping[str, Any],
         subresource: str = "",
     ) -> bool:
-        resource = kind.plural + (f"/{subresource}" if subresource else "")
-        ref = self._find(kind, namespace, name)
-        self._count("PATCH", ref[0] if ref else kind.plural, name, resource)
-        if ref is None:
-            return False
-        current = self.objects[ref]
-        wanted = (patch.get("metadata") or {}).get("resourceVersion")
-        if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
-            return False  # 409 Conflict
-        changed = merge(copy.deepcopy(current), {k: v for k, v in patch.items() if k != "metadata"})
-        self.put(changed, ref[0])
-        return True
+        return await self.merge_patch_object(kind, namespace, name, patch, subresource) is not None
 
     async def post_event(
         self, regarding: Mapping[str, Any], kind: str, reason: str, message: str

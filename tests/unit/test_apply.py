@@ -134,16 +134,16 @@ def test_two_passes_of_one_service_are_serialized_by_the_status_precondition() -
     )
 
     async def run() -> None:
-        cluster.watching = False  # our write has not come back yet when the next pass plans
-        await loop.process(Key("scale", "ml", "a"))
-        assert cluster.events == [("a", "Warning", "MetricsUnavailable")]
-        with pytest.raises(Conflict) as raised:
-            await loop.process(Key("service", "ml", "a"))
-        assert isinstance(raised.value, Backoff)
+        # Both passes plan on the same copy (two workers); the scale pass's write lands first.
+        cluster.yields = True
+        first, second = await asyncio.gather(
+            loop.process(Key("scale", "ml", "a")),
+            loop.process(Key("service", "ml", "a")),
+            return_exceptions=True,
+        )
+        assert first == 15.0 and isinstance(second, Conflict) and isinstance(second, Backoff)
         assert cluster.events == [("a", "Warning", "MetricsUnavailable")]  # nothing posted
-        cluster.watching = True
-        cluster.resync()
-        await loop.process(Key("service", "ml", "a"))
+        await loop.process(Key("service", "ml", "a"))  # the retry, on the newer copy
         await loop.process(Key("scale", "ml", "a"))  # nothing new to say: no request
 
     asyncio.run(run())

@@ -41,6 +41,7 @@ class Case:
     job: str = ""
     attempts: int = 0
     message_has: Sequence[str] = field(default_factory=tuple)
+    look_again: dt.datetime | None = None
 
 
 CASES = [
@@ -85,9 +86,22 @@ CASES = [
         message_has=(f"{_name(1)} started", "(attempt 1)"),
     ),
     Case(
+        # Running for less than REPORT_RUNNING_AFTER: not worth a status write yet.
+        "running-briefly",
+        jobs=[job(IDENT, 2)],
+        pods=[pod(phase="Running", node_name="gpu-h100-3")],
+        now=T0 + 9 * dt.timedelta(seconds=1),
+        state="Building",
+        job=_name(2),
+        attempts=2,
+        message_has=(f"{_name(2)} started (attempt 2)",),
+        look_again=T0 + 10 * dt.timedelta(seconds=1),
+    ),
+    Case(
         "running",
         jobs=[job(IDENT, 2)],
         pods=[pod(phase="Running", node_name="gpu-h100-3")],
+        now=T0 + 10 * dt.timedelta(seconds=1),
         state="Building",
         job=_name(2),
         attempts=2,
@@ -218,6 +232,7 @@ def test_assess(case: Case) -> None:
     assert st.next_retry == case.next_retry
     assert st.job == case.job
     assert st.attempts == case.attempts
+    assert st.look_again == case.look_again
     for text in case.message_has:
         assert text in st.message
 

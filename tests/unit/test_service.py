@@ -7,7 +7,7 @@ import datetime as dt
 from typing import Any
 
 from cosyvoice_operator.api import engine_identity, labels
-from cosyvoice_operator.api.effects import PostEvent
+from cosyvoice_operator.api.effects import ApplyObject, PostEvent
 from cosyvoice_operator.plan.service import EngineRef, Policy, Step, plan_service, transitions
 from cosyvoice_operator.render import build_job
 
@@ -70,7 +70,9 @@ def test_a_new_service_creates_its_build_job_says_so_once_and_wants_the_engine()
     assert step.status is not None and step.status.resource_version == "41"
     assert step.status.changes["phase"] == "BuildingEngine"
     assert step.status.changes["observedGeneration"] == 1
-    assert reasons(step) == ["EngineBuildStarted"]
+    # A first build posts no Event (issue 18, item 7: the status and the Job say it): its
+    # writes are the Job, this status, the record and the EngineReady status.
+    assert reasons(step) == []
     assert step.wants == frozenset({EngineRef("ml", CACHE.tag, ident().key)})
 
     # The same pass again on the written status, the Job now in the cache: nothing to do.
@@ -99,7 +101,29 @@ def test_a_finished_job_is_recorded_and_the_engine_is_ready() -> None:
     assert create.body["kind"] == "ConfigMap"
     assert create.body["data"]["state"] == "Ready"
     assert step.status is not None and step.status.changes["phase"] == "Deploying"
-    assert "EngineReady" in reasons(step)
+    assert engine_ready(step, b)["status"] == "True"
+    assert reasons(step) == []  # a first build that just works: no Event
+    # Serving starts from the record, in the next pass: this one writes nothing for it.
+    assert step.workloads == ()
+    recorded = FakeWorld(records={create.name: create.body})
+    later = plan_service(after(b, step), recorded, T0 + dt.timedelta(seconds=6), POLICY)
+    assert {e.body["kind"] for e in later.workloads if isinstance(e, ApplyObject)} >= {
+        "ConfigMap",
+        "Deployment",
+    }
+
+
+def test_a_retried_build_says_it_started_again_and_when_its_engine_is_ready() -> None:
+    failed = job(ident(), 1, failed_at=T0)
+    b = body()
+    later = T0 + dt.timedelta(minutes=10)  # past the retry's backoff
+    step = plan_service(b, FakeWorld(job_list=[failed]), later, POLICY)
+    assert [c.name for c in step.creates] == [build_job.job_name(ident(), 2, CACHE)]
+    assert reasons(step) == ["EngineBuildStarted"]
+    second = job(ident(), 2, complete_at=later)
+    second["metadata"]["labels"][labels.CLAIM_LABEL] = CACHE.tag
+    done = plan_service(after(b, step), FakeWorld(job_list=[failed, second]), later, POLICY)
+    assert reasons(done) == ["EngineReady"]
 
 
 def test_a_blocker_stops_new_jobs_but_never_the_recording_of_a_finished_build() -> None:

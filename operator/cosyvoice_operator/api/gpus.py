@@ -9,6 +9,7 @@ builds an engine that fails to deserialize or, worse, produces silent audio.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -88,6 +89,7 @@ class UnknownGPUProduct(ValueError):
         )
 
 
+@functools.cache  # read for every node on every pass; a product's answer never changes
 def architecture(product: str) -> str:
     """SM architecture of a GPU product label, e.g. ``NVIDIA-L20`` -> ``sm_89``."""
     rest = product

@@ -42,6 +42,8 @@ class EngineState:
     # The EngineReady reason while this engine is not ready, when "Building" would mislead
     # (the API server refused the build Job, say).
     reason: str = ""
+    # When the state changes with time alone (a build to report as running): look again then.
+    look_again: dt.datetime | None = None
 
 
 def _attempt(job: Mapping[str, Any]) -> int:
@@ -100,6 +102,10 @@ def pending_reason(pods: Sequence[Mapping[str, Any]]) -> str:
                 return str(cond.get("message") or cond.get("reason") or "")
     return ""
 
+
+# A running build reports its node and start time once it has run this long (a long build
+# shows it is alive; a short one finishes first and costs no status write for it).
+REPORT_RUNNING_AFTER = dt.timedelta(seconds=10)
 
 # What the kubelet says when it cannot resolve a secretKeyRef (CreateContainerConfigError):
 # its secret manager's NotFound error, and its own text for a key the Secret lacks.
@@ -204,11 +210,17 @@ def assess(
             "Pending", f"{name} waits for a GPU node: {waiting}", job=name, attempts=attempt
         )
     running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+    since = _running_since(running[0]) if running else None
+    if since is not None and now - since < REPORT_RUNNING_AFTER:
+        # Not worth a status write yet: most short builds are done before it is due.
+        started = f"{name} started (attempt {attempt})"
+        return EngineState(
+            "Building", started, job=name, attempts=attempt, look_again=since + REPORT_RUNNING_AFTER
+        )
     if running:
         pod = running[0]
         node = (pod.get("spec") or {}).get("nodeName") or "?"
         msg = f"{name} running on {node}"
-        since = _running_since(pod)
         if since is not None:
             # A fixed start time, not an elapsed one: the status does not change every resync.
             msg += f" since {since.strftime('%Y-%m-%dT%H:%M:%SZ')}"

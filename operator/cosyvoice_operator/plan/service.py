@@ -15,6 +15,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
@@ -331,8 +332,10 @@ def _engine_ready(st: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[PostEvent]:
-    """The Events a status change deserves: builds started, engines ready or failed, and a
-    problem that begins (each once, when it starts)."""
+    """The Events a status change deserves, only those a user needs (each once, when it
+    starts): a build that failed, a retry of it and the engine it then makes, and a problem
+    that begins. A first build that just works posts none: the status says it, and its
+    writes are kept to the build Job, the record and two status writes."""
     events: list[PostEvent] = []
     before = {e.get("key"): e for e in previous.get("engines") or [] if e.get("key")}
     seen: set[str] = set()
@@ -344,7 +347,12 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Pos
         old = before.get(key) or {}
         state, job = entry.get("state"), entry.get("job")
         where = f"engine {key} ({entry.get('gpuArch')})"
-        if state == "Building" and (old.get("state") != "Building" or old.get("job") != job):
+        retried = int(entry.get("attempts") or 0) > 1
+        if (
+            state == "Building"
+            and retried
+            and (old.get("state") != "Building" or old.get("job") != job)
+        ):
             events.append(
                 PostEvent(
                     "Normal",
@@ -352,7 +360,7 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Pos
                     f"{where}: build Job {job}, attempt {entry.get('attempts')}",
                 )
             )
-        elif state == "Ready" and old.get("state") != "Ready":
+        elif state == "Ready" and retried and old.get("state") != "Ready":
             events.append(PostEvent("Normal", "EngineReady", f"{where}: {entry.get('message')}"))
         elif state == "Failed" and (
             old.get("state") != "Failed" or old.get("attempts") != entry.get("attempts")
@@ -367,6 +375,16 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Pos
     ):
         events.append(PostEvent("Warning", str(reason), str(cond.get("message", ""))))
     return events
+
+
+def _recorded(states: Mapping[str, EngineState]) -> dict[str, EngineState]:
+    """The engine states serving goes by: an engine built but not recorded yet (this pass
+    records it) is not served yet, so the pass that turns EngineReady writes nothing for
+    serving; the next one, on the record, does."""
+    return {
+        key: dataclasses.replace(st, state="Building") if st.action == "record" else st
+        for key, st in states.items()
+    }
 
 
 def plan_service(
@@ -406,7 +424,9 @@ def plan_service(
                 new.setdefault(key, previous[key])
         return _step(previous, new, version, [], None, frozenset())
     nodes = [] if svc.engine.gpu_products else list(world.gpu_nodes())
-    plan = engine_identity.plan(svc, nodes, policy.build.default_builder_image)
+    plan = engine_identity.plan(
+        svc, nodes, policy.build.default_builder_image, policy.build.companion_pins
+    )
     blockers, cache = blockers_of(svc, namespace, world, policy)
     states: dict[str, EngineState] = {}
     creates: list[CreateObject] = []
@@ -424,7 +444,9 @@ def plan_service(
     new = engine_status.engine_status(plan, states, blockers, None, previous, generation, now)
     image = workloads.serving_image(svc, policy.serving)
     blocked = image_problem(image, "the serving image", policy.allowed_image_prefixes) or ""
-    served = serving.plan_serving(body, svc, plan, states, world, policy.serving, refused, blocked)
+    served = serving.plan_serving(
+        body, svc, plan, _recorded(states), world, policy.serving, refused, blocked
+    )
     new.update(served.status)
     new["conditions"] = conditions.merge(new["conditions"], served.conditions, generation, now)
     if not svc.autoscaling.enabled:
@@ -434,8 +456,8 @@ def plan_service(
     )
     if engines_ready and new["phase"] == "Deploying" and served.ready:
         new["phase"] = "Ready"
-    retry = [s.next_retry for s in states.values() if s.next_retry is not None]
-    requeue = max(0.0, (min(retry) - now).total_seconds()) + 0.5 if retry else None
+    due = [t for s in states.values() for t in (s.next_retry, s.look_again) if t is not None]
+    requeue = max(0.0, (min(due) - now).total_seconds()) + 0.5 if due else None
     return _step(
         previous,
         new,

@@ -270,12 +270,11 @@ def _retired_deployments(
     """The Deployments of architectures the service no longer runs on, deleted; and the keys
     of those left as they are while their architecture still has GPU nodes."""
     planned_archs = {t.identity.gpu_arch for t in plan.targets}
-    present = _present_archs(svc, world)
+    retired = {a: d for a, d in existing.items() if a not in planned_archs}
+    present = _present_archs(svc, world) if retired else set()  # every node: only if needed
     effects: list[Effect] = []
     keys: set[str] = set()
-    for arch, gone in sorted(existing.items()):
-        if arch in planned_archs:
-            continue
+    for arch, gone in sorted(retired.items()):
         if not svc.engine.gpu_products and arch in present:
             # left as it is, its engine (and checkpoint) kept by the cleanup
             keys.update(k for k in (served_key(gone), served_checkpoint(gone)) if k)

@@ -41,6 +41,7 @@ from cosyvoice_operator.api.effects import (
     PostEvent,
 )
 from cosyvoice_operator.shell import metrics
+from cosyvoice_operator.shell.caches import Caches
 from cosyvoice_operator.shell.kube import KINDS_BY_NAME, SERVICES, Kube, KubeError
 from cosyvoice_operator.shell.logs import redact
 
@@ -62,8 +63,11 @@ class Conflict(Backoff):
 class Applier:
     """Carries out effects for the passes of one operator (all of its requests are kube's)."""
 
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, caches: Caches | None = None) -> None:
         self.kube = kube
+        # What is written goes into the caches at once (Cache.wrote): the next pass plans on
+        # it, instead of writing again, or conflicting, on the copy from before the write.
+        self.caches = caches
 
     async def carry_out(
         self, namespace: str, effect: Effect, service: Mapping[str, Any] | None = None
@@ -73,13 +77,18 @@ class Applier:
         when a status precondition fails."""
         where = f"{namespace}/{_name(service)}" if service is not None else namespace
         if isinstance(effect, CreateObject):
-            if await self.kube.create(effect.body):
-                log.info("%s: created %s %s", where, effect.body["kind"], effect.name)
+            made_kind = str(effect.body["kind"])
+            made = await self.kube.create_object(effect.body)
+            if made is not None:
+                self._wrote(made_kind, made, None)
+                log.info("%s: created %s %s", where, made_kind, effect.name)
                 if _is_build(effect.body):
                     metrics.record_build_started()
         elif isinstance(effect, ApplyObject):
-            await self.kube.apply(effect.body)
-            log.info("%s: applied %s %s", where, effect.body["kind"], effect.name)
+            made_kind = str(effect.body["kind"])
+            before = self._version(made_kind, namespace, effect.name)
+            self._wrote(made_kind, await self.kube.apply(effect.body), before)
+            log.info("%s: applied %s %s", where, made_kind, effect.name)
         elif isinstance(effect, DeleteObject):
             kind = KINDS_BY_NAME[effect.kind]
             if await self.kube.delete(kind, namespace, effect.name, effect.uid):
@@ -93,16 +102,25 @@ class Applier:
                 "metadata": {"resourceVersion": effect.resource_version},
                 "status": redacted(dict(effect.changes)),
             }
-            if not await self.kube.merge_patch(
+            written = await self.kube.merge_patch_object(
                 SERVICES, namespace, _name(service), patch, "status"
-            ):
+            )
+            if written is None:
                 raise Conflict(f"{where} changed since the cache saw it")
+            self._wrote("CosyVoiceService", written, effect.resource_version)
         else:
             assert service is not None or effect.regarding is not None
             regarding = effect.regarding or service or {}
             await self.kube.post_event(
                 regarding, effect.type, effect.reason, redact(effect.message)
             )
+
+    def _version(self, kind: str, namespace: str, name: str) -> str | None:
+        return self.caches.version_of(kind, namespace, name) if self.caches else None
+
+    def _wrote(self, kind: str, obj: Mapping[str, Any], previous: str | None) -> None:
+        if self.caches is not None:
+            self.caches.wrote(kind, obj, previous)
 
     async def carry_out_all(
         self, namespace: str, effects: Sequence[WorldEffect], service: Mapping[str, Any] | None

@@ -359,6 +359,31 @@ class Caches:
         ]
         return found + ([self.peerings] if self.peerings is not None else [])
 
+    def of_kind(self, kind: str) -> Cache | None:
+        """The cache of the objects of a kind the operator writes (None: not cached)."""
+        return {
+            "CosyVoiceService": self.services,
+            "Job": self.jobs,
+            "ConfigMap": self.records,
+            "Deployment": self.deployments,
+            "Service": self.core_services,
+            "PodDisruptionBudget": self.budgets,
+            "NetworkPolicy": self.network_policies,
+        }.get(kind)
+
+    def version_of(self, kind: str, namespace: str, name: str) -> str | None:
+        """The resourceVersion of the cached copy (None: none cached)."""
+        cache = self.of_kind(kind)
+        found = cache.get(namespace, name) if cache is not None else None
+        return None if found is None else str(found["metadata"].get("resourceVersion") or "")
+
+    def wrote(self, kind: str, obj: Mapping[str, Any], previous: str | None) -> None:
+        """What the operator wrote, as the API server answered, over the cached copy of
+        version `previous` (see Cache.wrote)."""
+        cache = self.of_kind(kind)
+        if cache is not None and obj.get("metadata"):
+            cache.wrote(obj, previous)
+
     def route(self, routes: Routes, on_peering: Handler | None = None) -> None:
         """Send every change to its handler, once the World's indexes have followed it."""
         world = self.world

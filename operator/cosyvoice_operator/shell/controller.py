@@ -88,7 +88,7 @@ class Controller:
             self.router.enqueue_everything,
         )
         self.caches.route(self.router, self.leader.on_peering)
-        self.applier = Applier(kube)
+        self.applier = Applier(kube, self.caches)
         self.autoscaler = Autoscaler(
             self.caches,
             self.applier,

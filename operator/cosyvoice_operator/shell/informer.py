@@ -203,7 +203,8 @@ class Informer:
                 self._emit(before, None)
         else:
             self.store[key] = obj
-            self._emit(before, obj)
+            if before is None or not version or _version(before) != version:
+                self._emit(before, obj)  # else a copy written through already (Cache.wrote)
         return version
 
     async def _watch(self) -> None:
@@ -257,6 +258,18 @@ class Informer:
                 delay = min(delay * 2, 30.0)
 
 
+def _selects(selector: str, labels: Mapping[str, Any]) -> bool:
+    """Whether a label selector of "key=value" and "key" terms selects these labels (any
+    other form: no)."""
+    for term in filter(None, selector.split(",")):
+        key, equals, value = term.partition("=")
+        if any(c in key for c in "!<>() "):
+            return False
+        if key not in labels or (equals and str(labels[key]) != value):
+            return False
+    return True
+
+
 def _version(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -282,6 +295,25 @@ class Cache:
 
     def __len__(self) -> int:
         return sum(len(inf.store) for inf in self.informers)
+
+    def wrote(self, obj: Mapping[str, Any], previous: str | None) -> None:
+        """An object the operator has just written, as the API server answered: stored and
+        handed on now rather than when its watch event comes (that one is then a duplicate,
+        not handed on again), so that the next pass plans on what was written, not on the
+        copy before it. Only over the copy the write started from (`previous`: its
+        resourceVersion, None when there was none): a newer one the watch brought meanwhile
+        is kept. Objects outside the informer's label selector are not kept at all."""
+        meta = obj.get("metadata") or {}
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        for inf in self.informers:
+            if inf.kind.namespaced and inf.namespace not in (None, namespace):
+                continue
+            if not _selects(inf.label_selector, meta.get("labels") or {}):
+                return
+            before = inf.get(namespace if inf.kind.namespaced else "", name)
+            if (None if before is None else _version(before)) == previous:
+                inf._apply({"type": "MODIFIED" if before else "ADDED", "object": dict(obj)})
+            return
 
     def deliver(self, event: Mapping[str, Any]) -> None:
         """Hand one watch event (``{"type": "ADDED", "object": {...}}``) to the informer of

@@ -295,26 +295,33 @@ class Kube:
 
     async def create(self, body: Mapping[str, Any]) -> bool:
         """Create the object; False (and no error) when one of that name already exists."""
+        return await self.create_object(body) is not None
+
+    async def create_object(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create the object: the object made, as the API server answered; None (and no
+        error) when one of that name already exists."""
         kind = KINDS_BY_OBJECT[(body["apiVersion"], body["kind"])]
         try:
-            await self.request("POST", kind.path(body["metadata"]["namespace"]), body=body)
+            made = await self.request("POST", kind.path(body["metadata"]["namespace"]), body=body)
         except KubeError as exc:
             if exc.status == 409:
-                return False
+                return None
             raise
-        return True
+        return dict(made or {})
 
-    async def apply(self, body: Mapping[str, Any]) -> None:
-        """Server-side apply of the whole object under the operator's field manager."""
+    async def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply of the whole object under the operator's field manager: the
+        object as the API server answered."""
         kind = KINDS_BY_OBJECT[(body["apiVersion"], body["kind"])]
         meta = body["metadata"]
-        await self.request(
+        applied = await self.request(
             "PATCH",
             kind.path(meta["namespace"], meta["name"]),
             {"fieldManager": FIELD_MANAGER, "force": True},
             body=dict(body),
             content_type="application/apply-patch+yaml",
         )
+        return dict(applied or {})
 
     async def delete(self, kind: Kind, namespace: str, name: str, uid: str) -> bool:
         """Delete the object of that uid (not a namesake made since); False if already gone."""
@@ -342,16 +349,29 @@ class Kube:
     ) -> bool:
         """A JSON merge patch; False when the object is gone or, with a resourceVersion in the
         patch, changed meanwhile (nothing is written then)."""
+        written = await self.merge_patch_object(kind, namespace, name, patch, subresource)
+        return written is not None
+
+    async def merge_patch_object(
+        self,
+        kind: Kind,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+        subresource: str = "",
+    ) -> dict[str, Any] | None:
+        """A JSON merge patch: the object as written; None when it is gone or, with a
+        resourceVersion in the patch, changed meanwhile (nothing is written then)."""
         path = kind.path(namespace, name) + (f"/{subresource}" if subresource else "")
         try:
-            await self.request(
+            written = await self.request(
                 "PATCH", path, body=dict(patch), content_type="application/merge-patch+json"
             )
         except KubeError as exc:
             if exc.status in (404, 409):
-                return False
+                return None
             raise
-        return True
+        return dict(written or {})
 
     async def post_event(
         self, regarding: Mapping[str, Any], kind: str, reason: str, message: str
