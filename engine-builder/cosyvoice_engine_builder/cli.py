@@ -97,6 +97,24 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _supply_chain_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--companion-revision",
+        action="append",
+        default=[],
+        metavar="hf://ORG/NAME=COMMIT",
+        help="fetch that companion repository of an upstream release at this full commit "
+        "(repeatable; over the release table's own pins)",
+    )
+    parser.add_argument(
+        "--sha256-list",
+        type=Path,
+        default=None,
+        help="a sha256sum-format list of files (relative to the model directory) the "
+        "fetched model must match; a mismatch fails the build for good (exit 2)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = RaisingParser(
         prog="cosyvoice-engine-builder",
@@ -139,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--smoothquant-per-token", action="store_true", help="--per_token")
     build.add_argument("--smoothquant-per-channel", action="store_true", help="--per_channel")
     build.add_argument("--gpu-arch", required=True, help="e.g. sm_90")
+    _supply_chain_arguments(build)
     _run_arguments(build)
 
     prefetch = sub.add_parser(
@@ -153,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-uri", required=True, help="hf://ORG/NAME, s3://BUCKET/PATH or pvc://CLAIM/PATH"
     )
     prefetch.add_argument("--revision", default="", help='hf revision; "" = default branch')
+    _supply_chain_arguments(prefetch)
     _run_arguments(prefetch)
 
     verify = sub.add_parser("verify", help="exit 0 iff a complete, digest-valid engine exists")
@@ -396,6 +416,8 @@ def _request(args: argparse.Namespace) -> BuildRequest:
             revision=args.revision,
             work_dir=args.work_dir,
             pvc_root=args.pvc_root,
+            companion_revisions=args.companion_revision,
+            sha256_list=args.sha256_list,
         )
     if args.llm_runtime == LlmRuntime.TENSORRT_LLM.value:
         missing = [
@@ -429,6 +451,8 @@ def _request(args: argparse.Namespace) -> BuildRequest:
         smoothquant_per_token=args.smoothquant_per_token,
         smoothquant_per_channel=args.smoothquant_per_channel,
         llm_runtime=args.llm_runtime,
+        companion_revisions=args.companion_revision,
+        sha256_list=args.sha256_list,
     )
 
 

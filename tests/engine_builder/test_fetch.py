@@ -604,3 +604,37 @@ def test_a_sha256_list_that_does_not_match_fails_the_build_for_good(
     with pytest.raises(FetchError) as refused:
         _fetch(builder, request, HubOfRepos())
     assert refused.value.permanent and words in str(refused.value)
+
+
+def test_the_command_line_takes_companion_pins_and_a_sha256_list(builder: Builder) -> None:
+    pin = _commit("cli pin")
+    llm = hashlib.sha256(b"llm").hexdigest()
+    hub = HubOfRepos()
+    builder.downloaders = Downloaders(hf_snapshot_download=hub)
+    result = builder.build(
+        variant="cosyvoice3",
+        model_uri="hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
+        companion_revision=f"hf://yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF={pin}",
+        sha256_list=_sha256_list(builder, f"{llm}  llm/model.safetensors\n"),
+    )
+    assert result.code == 0, result.out
+    assert hub.calls[1][:2] == ("yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF", pin)
+    model = builder.manifest()["model"]
+    assert model["companions"][0]["revision"] == pin
+    assert model["sha256List"].endswith("SHA256SUMS")
+    # A list the model does not match: exit 2, the fetch step named.
+    builder.cache = builder.tmp / "engines-2"
+    bad = builder.build(
+        variant="cosyvoice3",
+        model_uri="hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
+        sha256_list=_sha256_list(builder, f"{'0' * 64}  llm/model.safetensors\n"),
+    )
+    assert bad.code == 2 and bad.termination is not None
+    assert bad.termination["step"] == "fetch" and "is not the" in bad.termination["message"]
+    # A pin that is not a full commit: exit 2 before anything is fetched.
+    typo = builder.build(
+        variant="cosyvoice3",
+        model_uri="hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
+        companion_revision="hf://yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF=main",
+    )
+    assert typo.code == 2 and "full 40-character commit" in typo.err + typo.out

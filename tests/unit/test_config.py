@@ -291,3 +291,22 @@ def test_operator_limits() -> None:
         config.load({"COSYVOICE_MAX_REPLICAS": "0"})
     with pytest.raises(ConfigError, match="COSYVOICE_MAX_SPEC_BYTES"):
         config.load({"COSYVOICE_MAX_SPEC_BYTES": "lots"})
+
+
+def test_companion_revisions_by_release() -> None:
+    release = "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
+    companion = "hf://yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF"
+    import json
+
+    pins = {release: {companion: "c" * 40}}
+    env = {"COSYVOICE_COMPANION_REVISIONS": json.dumps(pins)}
+    assert config.load(env).build.companion_pins == ((release, companion, "c" * 40),)
+    assert config.load({}).build.companion_pins == ()
+    for bad in (
+        {release: {companion: "main"}},
+        {"s3://b/x": {companion: "c" * 40}},
+        {release: {"yuekai/x": "c" * 40}},
+        {release: "c" * 40},
+    ):
+        with pytest.raises(ConfigError, match="COSYVOICE_COMPANION_REVISIONS"):
+            config.load({"COSYVOICE_COMPANION_REVISIONS": json.dumps(bad)})

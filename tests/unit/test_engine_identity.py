@@ -156,6 +156,7 @@ def test_every_identity_field_enters_the_key() -> None:
         "smooth_quant": "alpha=0.5,per_token,per_channel",
         "llm_runtime": "vllm",
         "artifact": "plans",
+        "companion_revisions": "hf://yuekai/x=" + "a" * 40,
     }
     assert set(changed) == set(EngineIdentity.__dataclass_fields__)
     keys = {identity(**{name: value}).key for name, value in changed.items()}

@@ -295,3 +295,42 @@ def test_without_scraper_labels_the_metrics_port_is_open_to_every_namespace_only
         "from": [{"namespaceSelector": {}}],
         "ports": [{"port": 8002, "protocol": "TCP"}],
     }
+
+
+# ---- companion pins in the engine key (M5) --------------------------------------------------
+
+CV3 = "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
+LLM_HF = "hf://yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF"
+PINS = ((CV3, LLM_HF, "a" * 40), ("hf://FunAudioLLM/CosyVoice2-0.5B", "hf://yuekai/x", "b" * 40))
+
+
+def test_companion_pins_enter_the_key_of_their_release_only() -> None:
+    from cosyvoice_operator.render.build_job import builder_args
+
+    cv3 = service(serving=L20)
+    plain = engine_identity.identity(cv3, "sm_89", BUILDER)
+    pinned = engine_identity.identity(cv3, "sm_89", BUILDER, PINS)
+    assert pinned.companion_revisions == f"{LLM_HF}={'a' * 40}"
+    assert pinned.key != plain.key
+    # Without pins, the key is what it always was (no rebuild on upgrade).
+    assert "companion_revisions" not in plain.canonical()
+    # Another release's pins change nothing.
+    other = service(serving=L20, model={"uri": "s3://bucket/model"})
+    assert (
+        engine_identity.identity(other, "sm_89", BUILDER, PINS).key
+        == engine_identity.identity(other, "sm_89", BUILDER).key
+    )
+    # The record and the Job annotation carry them, and the builder gets them.
+    again = engine_identity.identity_from_dict(engine_identity.identity_to_dict(pinned))
+    assert again == pinned
+    args = builder_args(pinned)
+    assert args[args.index("--companion-revision") + 1] == f"{LLM_HF}={'a' * 40}"
+    assert "--companion-revision" not in builder_args(plain)
+    # The builder's own parser takes them.
+    from cosyvoice_engine_builder import cli
+
+    parsed = cli.build_parser().parse_args(args)
+    assert parsed.companion_revision == [f"{LLM_HF}={'a' * 40}"]
+    vllm = service(serving=L20, model={"llmRuntime": "vllm"}, engine={"precision": "float16"})
+    checkpoint = engine_identity.checkpoint_identity(vllm, BUILDER, PINS)
+    assert checkpoint is not None and "--companion-revision" in builder_args(checkpoint)

@@ -6,9 +6,15 @@ limits, builder image, GPU architecture) and nothing else. Serving settings, rep
 autoscaling never enter it, so changing them never rebuilds; changing any input does.
 Services that resolve to the same key share one engine.
 
-The fields added after the first release (KV-cache type, SmoothQuant, LLM runtime, artifact)
-enter the key only when they differ from their defaults: an existing spec keeps its key (and
-its built engine) across the upgrade that introduced them.
+The fields added after the first release (KV-cache type, SmoothQuant, LLM runtime, artifact,
+companion revisions) enter the key only when they differ from their defaults: an existing
+spec keeps its key (and its built engine) across the upgrade that introduced them.
+
+Companion revisions: the commits the operator is configured to fetch an upstream release's
+companion repositories at (COSYVOICE_COMPANION_REVISIONS, by release URI). They change the
+bytes built, so they are in the key of that release's engines (and only of those); without
+them a companion is fetched at its default branch, and the commit it resolved to is only in
+the engine's manifest.
 
 Three kinds of artifact (``EngineIdentity.artifact``):
 
@@ -59,6 +65,8 @@ class EngineIdentity:
     smooth_quant: str = ""
     llm_runtime: str = "tensorrt-llm"
     artifact: str = "engine"  # engine | plans | checkpoint
+    # "hf://ORG/NAME=COMMIT,..." (sorted): the pinned companions of an upstream release.
+    companion_revisions: str = ""
 
     def canonical(self) -> dict[str, Any]:
         """The fields the key is taken over: the new ones only where not at their default."""
@@ -89,7 +97,10 @@ _KEY_NEUTRAL: dict[str, str] = {
     "smooth_quant": "",
     "llm_runtime": "tensorrt-llm",
     "artifact": "engine",
+    "companion_revisions": "",
 }
+# (release URI, companion URI, commit) of every configured pin.
+CompanionPins = tuple[tuple[str, str, str], ...]
 # What a plans-only or checkpoint identity holds in the LLM fields it has no use for.
 NO_LLM_PRECISION = "none"
 
@@ -109,6 +120,7 @@ _DICT_NAMES: tuple[tuple[str, str], ...] = (
     ("smooth_quant", "smoothQuant"),
     ("llm_runtime", "llmRuntime"),
     ("artifact", "artifact"),
+    ("companion_revisions", "companionRevisions"),
 )
 
 
@@ -134,6 +146,7 @@ def identity_from_dict(data: Mapping[str, Any]) -> EngineIdentity:
         smooth_quant=str(data.get("smoothQuant", "")),
         llm_runtime=str(data.get("llmRuntime", "tensorrt-llm")),
         artifact=str(data.get("artifact", "engine")),
+        companion_revisions=str(data.get("companionRevisions", "")),
     )
 
 
@@ -155,9 +168,19 @@ def smooth_quant_of(spec: ServiceSpec) -> str:
     return ",".join(parts)
 
 
-def identity(spec: ServiceSpec, gpu_arch: str, default_builder_image: str) -> EngineIdentity:
+def companions_of(spec: ServiceSpec, pins: CompanionPins) -> str:
+    """The pins of the service's release, in the identity's form ("" for none)."""
+    release = spec.model.uri.lower()
+    found = sorted(f"{c}={commit}" for rel, c, commit in pins if rel.lower() == release)
+    return ",".join(found)
+
+
+def identity(
+    spec: ServiceSpec, gpu_arch: str, default_builder_image: str, pins: CompanionPins = ()
+) -> EngineIdentity:
     """The per-architecture build: the TensorRT-LLM engine, or with vLLM the plans alone."""
     builder_image = spec.engine.builder_image or default_builder_image
+    companions = companions_of(spec, pins)
     if spec.model.llm_runtime == "vllm":
         return EngineIdentity(
             model_uri=spec.model.uri,
@@ -171,6 +194,7 @@ def identity(spec: ServiceSpec, gpu_arch: str, default_builder_image: str) -> En
             gpu_arch=gpu_arch,
             llm_runtime="vllm",
             artifact="plans",
+            companion_revisions=companions,
         )
     return EngineIdentity(
         model_uri=spec.model.uri,
@@ -184,10 +208,13 @@ def identity(spec: ServiceSpec, gpu_arch: str, default_builder_image: str) -> En
         gpu_arch=gpu_arch,
         kv_cache_type=kv_cache_of(spec),
         smooth_quant=smooth_quant_of(spec),
+        companion_revisions=companions,
     )
 
 
-def checkpoint_identity(spec: ServiceSpec, default_builder_image: str) -> EngineIdentity | None:
+def checkpoint_identity(
+    spec: ServiceSpec, default_builder_image: str, pins: CompanionPins = ()
+) -> EngineIdentity | None:
     """With vLLM, the fetched release every architecture serves from; None otherwise.
 
     The builder image stays in the key: the fetch program and the directory layout it
@@ -206,6 +233,7 @@ def checkpoint_identity(spec: ServiceSpec, default_builder_image: str) -> Engine
         gpu_arch="",
         llm_runtime="vllm",
         artifact="checkpoint",
+        companion_revisions=companions_of(spec, pins),
     )
 
 
@@ -267,7 +295,10 @@ def eligible_products(spec: ServiceSpec, nodes: Iterable[gpus.GPUNode]) -> list[
 
 
 def plan(
-    spec: ServiceSpec, nodes: Sequence[gpus.GPUNode], default_builder_image: str
+    spec: ServiceSpec,
+    nodes: Sequence[gpus.GPUNode],
+    default_builder_image: str,
+    pins: CompanionPins = (),
 ) -> EnginePlan:
     """One engine per distinct architecture of the products the service may run on."""
     if spec.engine.gpu_products:
@@ -316,11 +347,11 @@ def plan(
             continue
         by_arch.setdefault(arch, []).append(product)
     targets = tuple(
-        EngineTarget(identity(spec, arch, default_builder_image), tuple(prods))
+        EngineTarget(identity(spec, arch, default_builder_image, pins), tuple(prods))
         for arch, prods in sorted(by_arch.items())
     )
     checkpoint = None
-    ckpt = checkpoint_identity(spec, default_builder_image)
+    ckpt = checkpoint_identity(spec, default_builder_image, pins)
     if ckpt is not None and targets:
         checkpoint = EngineTarget(ckpt, tuple(p for t in targets for p in t.products))
     return EnginePlan(targets, tuple(rejected), source, checkpoint)

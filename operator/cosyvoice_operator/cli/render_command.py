@@ -125,7 +125,7 @@ def render_service(
             "no GPU product to render for: without a cluster the operator cannot read the "
             "nodes; pass --gpu-product PRODUCT (e.g. NVIDIA-L20) or set spec.engine.gpuProducts"
         )
-    plan = engine_identity.plan(svc, [], cfg.build.default_builder_image)
+    plan = engine_identity.plan(svc, [], cfg.build.default_builder_image, cfg.build.companion_pins)
     if not plan.targets:
         raise RenderError("; ".join(r.message for r in plan.rejected))
     cache = build_job.CacheClaim(svc.engine.cache_claim_name, CLAIM_UID_PLACEHOLDER)

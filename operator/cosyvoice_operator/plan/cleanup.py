@@ -127,15 +127,21 @@ def _add_wanted(
     if uid is None:
         return
     tag = CacheClaim(svc.engine.cache_claim_name, uid).tag
+    build = policy.build
     plan = engine_identity.plan(
-        svc, [] if svc.engine.gpu_products else nodes, policy.build.default_builder_image
+        svc,
+        [] if svc.engine.gpu_products else nodes,
+        build.default_builder_image,
+        build.companion_pins,
     )
     # vLLM's checkpoint has no architecture: its exact key is its loose key too.
     for target in plan.builds:
         exact.add((tag, target.key))
-    base = engine_identity.identity(svc, "", policy.build.default_builder_image)
+    base = engine_identity.identity(svc, "", build.default_builder_image, build.companion_pins)
     loose.add((tag, base.key))
-    checkpoint = engine_identity.checkpoint_identity(svc, policy.build.default_builder_image)
+    checkpoint = engine_identity.checkpoint_identity(
+        svc, build.default_builder_image, build.companion_pins
+    )
     if checkpoint is not None:
         loose.add((tag, checkpoint.key))
 

@@ -69,6 +69,9 @@ class BuildSettings:
     # sizeLimit of the build pod's /tmp (HOME, HF_HOME): the root filesystem is read-only,
     # and the kubelet evicts a pod whose scratch outgrows this, instead of filling the node.
     scratch_size: str = "64Gi"
+    # (release URI, companion URI, commit): the commits upstream releases' companion
+    # repositories are fetched at (COSYVOICE_COMPANION_REVISIONS); in their engines' keys.
+    companion_pins: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,8 @@ def builder_args(identity: EngineIdentity) -> list[str]:
         "--revision",
         identity.revision,
     ]
+    for pin in filter(None, identity.companion_revisions.split(",")):
+        common += ["--companion-revision", pin]
     if identity.artifact == "checkpoint":
         return ["prefetch", *common, "--pvc-root", MODELS_MOUNT]
     if identity.artifact == "plans":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -145,6 +146,37 @@ def _labels(env: Mapping[str, str], name: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(found.items()))
 
 
+_HF_URI = re.compile(r"^hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _companion_pins(env: Mapping[str, str]) -> tuple[tuple[str, str, str], ...]:
+    """COSYVOICE_COMPANION_REVISIONS: {release URI: {companion URI: full commit}}."""
+    name = "COSYVOICE_COMPANION_REVISIONS"
+    raw = env.get(name, "")
+    try:
+        found = json.loads(raw) if raw else {}
+    except ValueError:
+        raise ConfigError(f"{name}: expected a JSON object") from None
+    if not isinstance(found, dict):
+        raise ConfigError(f"{name}: expected a JSON object of release URIs")
+    pins: list[tuple[str, str, str]] = []
+    for release, companions in found.items():
+        if not isinstance(release, str) or not _HF_URI.match(release):
+            raise ConfigError(f"{name}: {release!r} is not an hf://ORG/NAME release")
+        if not isinstance(companions, dict):
+            raise ConfigError(f"{name}: {release}: expected {{companion URI: commit}}")
+        for companion, commit in companions.items():
+            if not isinstance(companion, str) or not _HF_URI.match(companion):
+                raise ConfigError(f"{name}: {companion!r} is not an hf://ORG/NAME repository")
+            if not isinstance(commit, str) or not _COMMIT.match(commit):
+                raise ConfigError(
+                    f"{name}: {companion}: {commit!r} is not a full 40-character commit"
+                )
+            pins.append((release, companion, commit))
+    return tuple(sorted(pins))
+
+
 def _check_url(name: str, url: str) -> None:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
@@ -248,4 +280,5 @@ def _build_settings(
         pod_annotations=annotations,
         image_pull_secrets=pull,
         scratch_size=env.get("COSYVOICE_BUILD_SCRATCH_SIZE") or defaults.scratch_size,
+        companion_pins=_companion_pins(env),
     )
