@@ -123,8 +123,14 @@ def test_two_pods_are_served_scraped_and_loaded_and_one_goes(tmp_path: Path) -> 
             assert summary.completed >= 16 and summary.failed == 0, summary
             done = [r for r in load.records(since=mark) if r.ok]
             assert all(r.total_s is not None and r.total_s >= SERVICE_SECONDS for r in done)
-            assert summary.first_chunk_p50_s is not None
-            assert summary.first_chunk_p50_s < SERVICE_SECONDS  # the first audio comes early
+            # Streamed: every request's first audio came before its end (the stand-in sends it
+            # a quarter into the service time, however late that is on a busy machine).
+            assert all(
+                r.first_chunk_s is not None
+                and r.total_s is not None
+                and r.first_chunk_s < r.total_s
+                for r in done
+            )
             per_server = load.per_server(since=mark)
             assert sorted(per_server) == sorted(servers.grpc_urls())
             assert min(per_server.values()) >= 5, per_server
