@@ -824,6 +824,25 @@ def test_vllm_plans_job_builds_only_the_plans_on_one_gpu() -> None:
     assert request.artifact.value == "plans"
 
 
+def test_the_prefetch_job_does_not_take_the_services_tolerations() -> None:
+    """Issue 21 L5: without the GPU-node affinity, `operator: Exists` would let the download
+    run on any tainted node, the control plane's included."""
+    svc = service(
+        model={"llmRuntime": "vllm"},
+        engine={"precision": "float16", "gpuProducts": ["NVIDIA-L20"]},
+        serving={"tolerations": [{"operator": "Exists"}]},
+    )
+    plan = engine_identity.plan(svc, [], "img:1")
+    assert plan.checkpoint is not None
+    job = build_job.render_job(plan.checkpoint, svc, "tts", 1, BuildSettings(), CACHE)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [dict(gpus.GPU_TOLERATION)] and "affinity" not in pod
+    # The GPU build Jobs keep them (they stay on the products' nodes by affinity).
+    [target] = plan.builds[:1]
+    built = build_job.render_job(target, svc, "tts", 1, BuildSettings(), CACHE)
+    assert {"operator": "Exists"} in built["spec"]["template"]["spec"]["tolerations"]
+
+
 def test_vllm_prefetch_job_needs_no_gpu_and_no_gpu_node() -> None:
     cli = builder_module("cli")
     svc = service(

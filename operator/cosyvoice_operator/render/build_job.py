@@ -317,8 +317,12 @@ def _build_pod_spec(
         "automountServiceAccountToken": False,
     }
     if target.identity.artifact == "checkpoint":
-        # A download: no GPU, so no GPU node either (any node that mounts the claim).
+        # A download: no GPU, so no GPU node either (any node that mounts the claim). Without
+        # the affinity that kept them on GPU nodes, the service's tolerations are not copied:
+        # `operator: Exists` would let the download land on any tainted node, control plane
+        # included (issue 21 L5); the GPU nodes' usual taint is still tolerated.
         del pod_spec["affinity"]
+        pod_spec["tolerations"] = [dict(GPU_TOLERATION)]
     if settings.service_account:
         pod_spec["serviceAccountName"] = settings.service_account
     if settings.image_pull_secrets:
