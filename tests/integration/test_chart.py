@@ -219,6 +219,18 @@ def test_default_render_is_one_least_privilege_cluster_role(helm: Path) -> None:
     }
 
 
+def test_the_operator_image_can_be_pinned_by_digest(helm: Path) -> None:
+    """Issue 21 L6: a tag can be pushed again; a digest names the bytes."""
+    digest = "sha256:" + "a" * 64
+    [deployment] = of_kind(render(helm, f'image={{"digest":"{digest}"}}'), "Deployment")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"ghcr.io/cosyvoice-operator/cosyvoice-operator@{digest}"
+    proc = run_helm(
+        helm, "template", "cvo", str(CHART), "--set", "image.digest=latest", check=False
+    )
+    assert proc.returncode != 0 and "/image/digest" in proc.stderr
+
+
 def test_network_policy_values_become_the_operators_settings(helm: Path) -> None:
     """Issue 21 H1: on by default (the operator's own default, nothing passed); off and the
     scraper's namespaces as settings."""
