@@ -33,7 +33,7 @@ from cosyvoice_operator.api.effects import (
 )
 from cosyvoice_operator.api.labels import REMOVING_ANNOTATION
 from cosyvoice_operator.api.spec import ServiceSpec, SpecError, parse
-from cosyvoice_operator.plan import engine_state, engine_status, serving
+from cosyvoice_operator.plan import engine_state, engine_status, fleet_events, serving
 from cosyvoice_operator.plan.engine_state import EngineState
 from cosyvoice_operator.render import build_job, triton, workloads
 from cosyvoice_operator.render.build_job import BuildSettings, CacheClaim
@@ -458,6 +458,7 @@ def plan_service(
         new["phase"] = "Ready"
     due = [t for s in states.values() for t in (s.next_retry, s.look_again) if t is not None]
     requeue = max(0.0, (min(due) - now).total_seconds()) + 0.5 if due else None
+    resized = fleet_events.resize_event(previous, new, svc)
     return _step(
         previous,
         new,
@@ -467,6 +468,7 @@ def plan_service(
         frozenset(wants),
         served.effects,
         served.served_keys,
+        (resized,) if resized else (),
     )
 
 
@@ -489,6 +491,7 @@ def _step(
     wants: frozenset[EngineRef],
     workloads: tuple[ApplyObject | PatchObject | DeleteObject, ...] = (),
     served_keys: frozenset[str] = frozenset(),
+    more_events: tuple[PostEvent, ...] = (),
 ) -> Step:
     changes = _changes(previous, new)
     return Step(
@@ -496,7 +499,7 @@ def _step(
         workloads=workloads,
         served_keys=served_keys,
         status=PatchStatus(changes, version) if changes else None,
-        events=tuple(transitions(previous, new)) if changes else (),
+        events=(*transitions(previous, new), *more_events) if changes else (),
         requeue_after=requeue,
         wants=wants,
     )
