@@ -145,11 +145,19 @@ def flows() -> Iterator[Callable[..., Flow]]:
             flow.close()
 
 
-def wait_for(what: str, condition: Callable[[], bool], timeout: float = 60.0) -> None:
+def wait_for(what: str, condition: Callable[[], bool], twin: Twin, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f}s: {what}")
+            lines = [
+                line
+                for line in twin.server.metrics().splitlines()
+                if line.startswith("nv_inference_") and f'model="{MODEL}"' in line
+            ]
+            raise AssertionError(
+                f"not within {timeout:.0f}s: {what}\n" + "\n".join(lines) + "\n"
+                f"{twin.server.log_tail(30)}"
+            )
         time.sleep(0.02)
 
 
@@ -163,12 +171,20 @@ INSTANCES = 4
 MODEL = "cosyvoice2"
 
 
-def occupy_every_instance(twin: Twin, start: Callable[..., Flow]) -> list[Flow]:
-    """One stream per orchestrator instance, each holding its instance (its first audio out)."""
-    busy = [start(twin.server.grpc, MODEL, f"Overload sentence {i}.") for i in range(INSTANCES)]
-    for flow in busy:
-        wait_for(f"{flow.request_id}'s first audio", flow.first_audio.is_set)
+def occupy_every_instance(
+    twin: Twin, start: Callable[..., Flow], label: str = "Overload", priority: int = 0
+) -> list[Flow]:
+    """One stream per orchestrator instance, each holding its instance (its first audio out).
+
+    One after the other, each once the last is executing: sent together, several can wait in
+    the queue at once before the scheduler hands them to the idle instances, and a queue
+    limited to one request refuses the third (the flake this replaced)."""
+    busy = []
+    for i in range(INSTANCES):
+        flow = start(twin.server.grpc, MODEL, f"{label} sentence {i}.", priority)
+        wait_for(f"{flow.request_id}'s first audio", flow.first_audio.is_set, twin)
         assert not flow.errors, flow.errors
+        busy.append(flow)
     return busy
 
 
@@ -198,10 +214,10 @@ def test_a_request_past_the_queue_timeout_gets_tritons_timeout_error(tmp_path: P
         late = [start(twin.server.grpc, MODEL, f"Late sentence {i}.") for i in range(2)]
         # Shed, not served late: both end while every instance is still held.
         for flow in late:
-            wait_for(f"{flow.request_id} to end", flow.done.is_set)
+            wait_for(f"{flow.request_id} to end", flow.done.is_set, twin)
         release.touch()
         for flow in busy:
-            wait_for(f"{flow.request_id} to end", flow.done.is_set)
+            wait_for(f"{flow.request_id} to end", flow.done.is_set, twin)
         print(
             "\n[twin] queue timeout 300 ms, 4 instances held, 2 more streams: shed after "
             f"{[round(f.seconds, 2) for f in late]} s: {late[0].errors}"
@@ -210,7 +226,9 @@ def test_a_request_past_the_queue_timeout_gets_tritons_timeout_error(tmp_path: P
         for flow in late:
             assert len(flow.errors) == 1 and TIMEOUT_ERROR in flow.errors[0], flow.errors
             assert flow.seconds >= 0.3, flow.seconds  # not before the timeout
-        wait_for("2 failures in the metrics", lambda: failures(twin.server.metrics(), MODEL) >= 2)
+        wait_for(
+            "2 failures in the metrics", lambda: failures(twin.server.metrics(), MODEL) >= 2, twin
+        )
         assert failures(twin.server.metrics(), MODEL) == 2
 
 
@@ -242,9 +260,9 @@ def test_a_full_queue_refuses_at_once_and_priorities_get_their_own_policy(
         assert int(loaded["priority_queue_policy"]["1"]["max_queue_size"]) == 8
         busy = occupy_every_instance(twin, start)
         waiting = start(twin.server.grpc, MODEL, "Queued sentence.")
-        wait_for("one request queued", lambda: pending(twin) == 1)
+        wait_for("one request queued", lambda: pending(twin) == 1, twin)
         refused = start(twin.server.grpc, MODEL, "Refused sentence.")
-        wait_for("the refusal", refused.done.is_set)
+        wait_for("the refusal", refused.done.is_set, twin)
         assert not waiting.done.is_set()  # still queued: the refusal did not wait for it
         print(
             f"\n[twin] max queue size 1, 4 instances held, 1 queued: the next refused after "
@@ -253,25 +271,20 @@ def test_a_full_queue_refuses_at_once_and_priorities_get_their_own_policy(
         assert len(refused.errors) == 1 and QUEUE_FULL_ERROR in refused.errors[0]
         release.touch()
         for flow in [*busy, waiting]:
-            wait_for(f"{flow.request_id} to end", flow.done.is_set)
+            wait_for(f"{flow.request_id} to end", flow.done.is_set, twin)
             assert not flow.errors, flow.errors
 
         # With the highest priority, the same overload queues instead of being refused.
         release.unlink()
-        urgent = [
-            start(twin.server.grpc, MODEL, f"Urgent sentence {i}.", priority=1)
-            for i in range(INSTANCES)
-        ]
-        for flow in urgent:
-            wait_for(f"{flow.request_id}'s first audio", flow.first_audio.is_set)
+        urgent = occupy_every_instance(twin, start, "Urgent", priority=1)
         urgent += [
             start(twin.server.grpc, MODEL, f"Urgent sentence {i}.", priority=1)
             for i in range(INSTANCES, INSTANCES + 2)
         ]
-        wait_for("two urgent requests queued", lambda: pending(twin) == 2)
+        wait_for("two urgent requests queued", lambda: pending(twin) == 2, twin)
         release.touch()
         for flow in urgent:
-            wait_for(f"{flow.request_id} to end", flow.done.is_set)
+            wait_for(f"{flow.request_id} to end", flow.done.is_set, twin)
         assert [f.errors for f in urgent] == [[]] * (INSTANCES + 2)
 
 
