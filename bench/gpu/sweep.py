@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -269,6 +270,9 @@ def main() -> int:
     parser.add_argument(
         "--deadline", type=float, default=540.0, help="stop starting points after this many seconds"
     )
+    parser.add_argument(
+        "--logs", type=Path, help="keep each point's server log here (NN-<point>.log)"
+    )
     args = parser.parse_args()
     began = time.monotonic()
     points = json.loads((args.build / "points.json").read_text())
@@ -289,7 +293,8 @@ def main() -> int:
         "audio_seconds_mean": round(sum(lengths) / len(lengths), 2),
         "points": [],
     }
-    for point in points:
+    seen: dict[str, int] = {}
+    for index, point in enumerate(points):
         if time.monotonic() - began > args.deadline:
             log(f"deadline: skipping {point['name']}")
             continue
@@ -302,6 +307,7 @@ def main() -> int:
             args.stub_prefix,
         )
         entry: dict[str, Any] = {"name": point["name"], "params": point["params"]}
+        seen[point["name"]] = entry["repeat"] = seen.get(point["name"], 0) + 1  # named twice
         log(f"{point['name']}: starting")
         try:
             entry["ready_s"] = round(server.start(timeout=240), 1)
@@ -315,6 +321,9 @@ def main() -> int:
             server.stop()
         if entry.get("error") or any(s.get("errors") for s in entry.get("steps", [])):
             entry["server_errors"] = server.errors()
+        if args.logs:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            shutil.copy(server.logfile, args.logs / f"{index:02d}-{point['name']}.log")
         report["points"].append(entry)
         args.out.write_text(json.dumps(report, indent=1))
         log(f"{point['name']}: goodput {entry.get('goodput_rps')} rps")
