@@ -369,3 +369,17 @@ def test_match_fields_on_node_name_is_honoured() -> None:
         }
     }
     assert not _eligible(node("gpu-0", labels=LABELS), affinity=affinity)
+
+
+def test_eligible_nodes_is_eligible_of_each_and_answers_again_for_new_nodes() -> None:
+    def nodes(*ready: str) -> list[GPUNode]:
+        found = (GPUNode.from_node(node(f"gpu-{i}", ready=r)) for i, r in enumerate(ready))
+        return [n for n in found if n is not None]
+
+    first = nodes("True", "False", "True")
+    want = [n for n in first if gpus.eligible(n, {}, (), {}, 1)]
+    assert list(gpus.eligible_nodes(first, {}, (), {}, 1)) == want
+    assert gpus.eligible_nodes(first, {}, (), {}, 1) is gpus.eligible_nodes(first, {}, (), {}, 1)
+    assert gpus.eligible_nodes(first, {"zone": "a"}, (), {}, 1) == ()  # other constraints
+    later = nodes("True", "True", "True")  # the same names, new objects: asked again
+    assert len(gpus.eligible_nodes(later, {}, (), {}, 1)) == 3

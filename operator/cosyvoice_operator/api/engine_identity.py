@@ -31,6 +31,7 @@ Three kinds of artifact (``EngineIdentity.artifact``):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -76,7 +77,7 @@ class EngineIdentity:
                 del fields[name]
         return fields
 
-    @property
+    @functools.cached_property  # asked many times a pass; the fields are frozen
     def key(self) -> str:
         canonical = json.dumps({"schema": KEY_SCHEMA, **self.canonical()}, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:KEY_LENGTH]
@@ -281,17 +282,11 @@ class EnginePlan:
 
 def eligible_products(spec: ServiceSpec, nodes: Iterable[gpus.GPUNode]) -> list[str]:
     """GPU products of the Ready nodes that the service's serving pods may be scheduled on."""
-    found: dict[str, None] = {}
-    for node in nodes:
-        if gpus.eligible(
-            node,
-            spec.serving.node_selector,
-            spec.serving.tolerations,
-            spec.serving.affinity,
-            spec.serving.gpus_per_replica,
-        ):
-            found.setdefault(node.product, None)
-    return sorted(found)
+    s = spec.serving
+    eligible = gpus.eligible_nodes(
+        nodes, s.node_selector, s.tolerations, s.affinity, s.gpus_per_replica
+    )
+    return sorted({node.product for node in eligible})
 
 
 def plan(

@@ -9,7 +9,9 @@ builds an engine that fails to deserialize or, worse, produces silent audio.
 
 from __future__ import annotations
 
+import collections
 import functools
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -237,3 +239,41 @@ def eligible(
     if not all(_tolerated(t, tolerations) for t in node.taints):
         return False
     return _required_affinity_allows(node, affinity)
+
+
+# (ids of the nodes, the constraints) -> (those nodes, the eligible ones); the nodes are kept
+# so that their ids stay theirs. Bounded: one entry per distinct placement of the services.
+_ELIGIBLE: collections.OrderedDict[tuple[tuple[int, ...], str], tuple[tuple[GPUNode, ...], ...]]
+_ELIGIBLE = collections.OrderedDict()
+_ELIGIBLE_ENTRIES = 256
+
+
+def eligible_nodes(
+    nodes: Iterable[GPUNode],
+    node_selector: Mapping[str, str],
+    tolerations: Iterable[Mapping[str, Any]],
+    affinity: Mapping[str, Any],
+    gpus_needed: int,
+) -> tuple[GPUNode, ...]:
+    """The nodes a serving pod with these constraints could land on (:func:`eligible`),
+    remembered for the same node objects and constraints: every pass of every service asks
+    it of every node, and the nodes change far less often than passes run."""
+    nodes = tuple(nodes)
+    tolerations = list(tolerations)
+    constraints = json.dumps(
+        [dict(node_selector), tolerations, dict(affinity or {}), gpus_needed],
+        sort_keys=True,
+        default=str,
+    )
+    key = (tuple(map(id, nodes)), constraints)
+    hit = _ELIGIBLE.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], nodes, strict=True)):
+        _ELIGIBLE.move_to_end(key)
+        return hit[1]
+    found = tuple(
+        n for n in nodes if eligible(n, node_selector, tolerations, affinity, gpus_needed)
+    )
+    _ELIGIBLE[key] = (nodes, found)
+    while len(_ELIGIBLE) > _ELIGIBLE_ENTRIES:
+        _ELIGIBLE.popitem(last=False)
+    return found

@@ -170,15 +170,12 @@ def plan_serving(
 def _capacity_by_arch(svc: ServiceSpec, plan: EnginePlan, world: ServingWorld) -> dict[str, int]:
     """GPUs the service may use per architecture: the weights of the replica split."""
     capacity: dict[str, int] = {}
-    for node in world.gpu_nodes():
+    s = svc.serving
+    for node in gpus.eligible_nodes(
+        world.gpu_nodes(), s.node_selector, s.tolerations, s.affinity, s.gpus_per_replica
+    ):
         for target in plan.targets:
-            if node.product in target.products and gpus.eligible(
-                node,
-                svc.serving.node_selector,
-                svc.serving.tolerations,
-                svc.serving.affinity,
-                svc.serving.gpus_per_replica,
-            ):
+            if node.product in target.products:
                 arch = target.identity.gpu_arch
                 capacity[arch] = capacity.get(arch, 0) + node.gpus
     return capacity
