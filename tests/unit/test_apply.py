@@ -77,13 +77,15 @@ def test_each_world_effect_is_carried_out_by_its_rule() -> None:
     assert [w[0] for w in cluster.writes] == ["POST", "POST", "PATCH", "PATCH", "DELETE", "DELETE"]
 
 
-def test_refusals_are_gathered_for_the_planner_and_trouble_fails_the_pass() -> None:
+@pytest.mark.parametrize("together", [False, True])
+def test_refusals_are_gathered_for_the_planner_and_trouble_fails_the_pass(together: bool) -> None:
     cluster, apply = applier()
+    cluster.yields = True  # together: each write waits for a round trip, the others go on
     cluster.refuse["bad"] = KubeError(422, "Unprocessable Entity", "spec.x: invalid", "POST", "")
 
     async def run() -> dict[str, str]:
         effects = [CreateObject(config_map("bad")), CreateObject(config_map("good"))]
-        return await apply.carry_out_all("ml", effects, None)
+        return await apply.carry_out_all("ml", effects, None, together)
 
     assert asyncio.run(run()) == {"bad": "422 Unprocessable Entity: spec.x: invalid"}
     assert ("ConfigMap", "ml", "good") in cluster.objects  # the others still carried out

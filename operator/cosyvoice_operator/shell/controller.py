@@ -213,8 +213,9 @@ class Controller:
             return None
         policy = self.settings.policy
         step = plan_service(body, self.world, self.clock(), policy)
+        # The Jobs, records and serving objects of one pass depend on none of each other.
         refused = await self.applier.carry_out_all(
-            namespace, (*step.creates, *step.workloads), body
+            namespace, (*step.creates, *step.workloads), body, together=True
         )
         if refused:
             step = plan_service(body, self.world, self.clock(), policy, refused)
