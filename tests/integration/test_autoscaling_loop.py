@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import subprocess
 import threading
 import time
 import urllib.request
@@ -28,6 +29,7 @@ from cosyvoice_operator.devtools.closedloop.harness import (
     Prometheus,
     ready_pods,
 )
+from cosyvoice_operator.devtools.localcluster.binaries import kubectl_path
 from tests.conftest import Cluster
 from tests.integration.operator_process import (
     OperatorProcess,
@@ -40,14 +42,16 @@ from tests.integration.operator_process import (
 
 L20 = {"nvidia.com/gpu.product": "NVIDIA-L20"}
 TARGET_MS = 100
+EVALUATION_S = 5
+SCALE_DOWN_WINDOW_S = 20
 AUTOSCALING = {
     "enabled": True,
     "minReplicas": 1,
     "maxReplicas": 4,
     "targetQueueLatencyMilliseconds": TARGET_MS,
-    "evaluationIntervalSeconds": 5,
+    "evaluationIntervalSeconds": EVALUATION_S,
     "scaleUp": {"stabilizationWindowSeconds": 0, "maxStepReplicas": 4},
-    "scaleDown": {"stabilizationWindowSeconds": 20, "maxStepReplicas": 1},
+    "scaleDown": {"stabilizationWindowSeconds": SCALE_DOWN_WINDOW_S, "maxStepReplicas": 1},
 }
 
 
@@ -111,6 +115,43 @@ class Timeline:
         return "\n".join(lines)
 
 
+class DesiredWatch:
+    """Every value ``status.autoscaling.desiredReplicas`` takes, from a ``kubectl get --watch``
+    of the service: each status write arrives as an event, so no step is missed however slow
+    a poll would be."""
+
+    def __init__(self, cluster: Cluster, ns: str) -> None:
+        self.values: list[int] = []
+        self._process = subprocess.Popen(
+            [
+                str(kubectl_path()),
+                f"--kubeconfig={cluster.kubeconfig}",
+                "get", "cvs", "tts", "-n", ns, "--watch",
+                "-o", 'jsonpath={.status.autoscaling.desiredReplicas}{"\\n"}',
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )  # fmt: skip
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            text = line.strip()
+            if text.isdigit() and (not self.values or self.values[-1] != int(text)):
+                self.values.append(int(text))
+
+    @property
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def close(self) -> None:
+        self._process.terminate()
+        self._process.wait(timeout=10)
+
+
 @pytest.fixture
 def loop_ns(cluster: Cluster) -> Any:
     name = cluster.namespace("scale")
@@ -157,6 +198,7 @@ def test_queue_latency_drives_replicas_in_a_closed_loop(
     ).start()
     phase = ["idle"]
     load = LoadGenerator(servers.grpc_urls, "cosyvoice3")
+    watch: DesiredWatch | None = None
     try:
         servers.start()
         cluster.apply(ns, json.dumps(body))
@@ -165,6 +207,7 @@ def test_queue_latency_drives_replicas_in_a_closed_loop(
             lambda: status(cluster, ns).get("readyReplicas") == 1 and len(servers.live()) == 1,
             timeout=120,
         )
+        desired = watch = DesiredWatch(cluster, ns)
         with Timeline(cluster, ns, lambda: phase[0]) as timeline:
             # 1. Load past what one pod carries: the replicas rise, capacity joins, and the
             #    latency comes back under the target because it did.
@@ -202,14 +245,20 @@ def test_queue_latency_drives_replicas_in_a_closed_loop(
             # 2. Prometheus stops: no scale-down, and the condition says why.
             phase[0] = "no metrics"
             load.set_concurrency(0)
+            outage = len(desired.values)
             prometheus.stop()
             wait_for(
                 "MetricsAvailable False",
                 lambda: condition(status(cluster, ns), "MetricsAvailable").get("status") == "False",
                 timeout=40,
             )
-            time.sleep(25)  # longer than the scale-down window, with no traffic at all
+            # With data, the idle service would go down once the scale-down window has passed
+            # since the load stopped, at the next evaluation: wait past that, then no value
+            # other than the peak may have been written meanwhile.
+            time.sleep(SCALE_DOWN_WINDOW_S + EVALUATION_S)
+            assert desired.alive and desired.values[outage:] in ([], [peak]), desired.values
             assert status(cluster, ns)["autoscaling"]["desiredReplicas"] == peak
+            recovered = len(desired.values)
             prometheus.start()
             phase[0] = "idle"
             wait_for(
@@ -218,16 +267,15 @@ def test_queue_latency_drives_replicas_in_a_closed_loop(
                 timeout=60,
             )
 
-            # 3. No traffic: down after the window, one step at a time, to minReplicas.
-            seen: list[int] = []
-
-            def at_min() -> bool:
-                desired = status(cluster, ns)["autoscaling"]["desiredReplicas"]
-                if not seen or seen[-1] != desired:
-                    seen.append(desired)
-                return bool(desired == 1)
-
-            wait_for("back to minReplicas", at_min, timeout=240, interval=1)
+            # 3. No traffic: down after the window, one step at a time, to minReplicas (every
+            #    value written, from the watch).
+            wait_for(
+                "back to minReplicas",
+                lambda: desired.values[-1:] == [1],
+                timeout=240,
+                interval=1,
+            )
+            seen = [peak, *desired.values[recovered:]]
             steps = [a - b for a, b in itertools.pairwise(seen)]
             assert steps and all(step == 1 for step in steps), seen
 
@@ -285,6 +333,8 @@ def test_queue_latency_drives_replicas_in_a_closed_loop(
         assert summary.completed > 0
         assert summary.failed == 0, summary.errors
     finally:
+        if watch is not None:
+            watch.close()
         load.close()
         servers.stop()
         prometheus.stop()
