@@ -79,7 +79,10 @@ def test_a_kubeconfig_that_cannot_be_loaded_is_one_clear_line(tmp_path: Path) ->
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     [line] = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
-    assert "cannot load the kubeconfig" in line and str(missing) in line
+    # It names the file it looked for and says there is none (not the loader's words about
+    # a missing current-context).
+    assert line.startswith("error: no kubeconfig:") and str(missing) in line, line
+    assert "no such file exists" in line and "current-context" not in line, line
 
 
 def test_an_api_server_that_does_not_answer_is_tried_a_few_times_then_one_clear_line(

@@ -20,10 +20,12 @@ closed-loop harness sets it; unset, nothing changes).
 
 from __future__ import annotations
 
-import itertools
+import fcntl
+import hashlib
 import json
 import os
 import re
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -90,6 +92,26 @@ class Chunking:
         return int(TOKEN_RATE * 2**index)  # upstream's "exponential" strategy
 
 
+class SharedTurn:
+    """A counter shared by the processes of one model: a file under the temporary directory
+    (an emptyDir in the pod) named by the model's directory, taken under an exclusive lock
+    for each turn."""
+
+    def __init__(self, model_directory: str) -> None:
+        digest = hashlib.sha256(model_directory.encode()).hexdigest()[:16]
+        self.path = os.path.join(tempfile.gettempdir(), f"cosyvoice-turn-{digest}")
+
+    def next(self) -> int:
+        with open(self.path, "a+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+            f.seek(0)
+            turn = int(f.read() or b"0")
+            f.seek(0)
+            f.truncate()
+            f.write(str(turn + 1).encode())
+            return turn
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
@@ -99,10 +121,11 @@ class TritonPythonModel:
         remap = json.loads(os.environ.get("COSYVOICE_TWIN_LLM_REMAP", "{}"))
         urls = (params.get("llm_api_bases") or params["llm_api_base"]).split(",")
         self.urls = [remap.get(url, url) for url in urls]
-        # Round-robin per instance, each instance starting one further along, so that the
-        # first requests of many instances do not all go to the first group.
-        instance = re.search(r"(\d+)$", args.get("model_instance_name", ""))
-        self.turn = itertools.count(int(instance.group(1)) if instance else 0)
+        # Round-robin over the groups, one turn counter for every instance of this model in
+        # this server (each instance is its own process): which instances Triton's scheduler
+        # hands requests to must not decide which groups work. A per-instance counter did:
+        # four streams given to instances whose own turns all began at the same group.
+        self.turn = SharedTurn(args["model_repository"])
         self.pace = Pace()
         self.chunks = Chunking(config)
         # vLLM answers only for the name it serves (llm_served_model_name, rendered with
@@ -160,7 +183,7 @@ class TritonPythonModel:
             "stop": ["<|eos1|>", "<|eos|>"],
             "stream": self.decoupled,
         }
-        url = self.urls[next(self.turn) % len(self.urls)]
+        url = self.urls[self.turn.next() % len(self.urls)]
         call = urllib.request.Request(
             url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
         )
