@@ -9,6 +9,7 @@
    kwok take without the operator.
 2. operator: N services applied the same way to a namespace the operator serves; the time
    until every service reads EngineReady=True. Target: within 1.5x of the floor.
+   Also the operator's own count of its writes until then, per service.
 3. steady state: with everything Ready, `apiserver_request_total` (the API server's own
    counter) over --steady seconds for what only the operator touches, and the operator's
    own count of its requests by verb. Target: zero beyond watches.
@@ -47,6 +48,8 @@ from cosyvoice_operator.render import build_job
 REPO = Path(__file__).resolve().parents[1]
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
 KEY_LABEL = labels.KEY_LABEL
+WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE"}
+APISERVER_WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION"}
 OPERATOR_RESOURCES = {"cosyvoiceservices", "jobs", "configmaps", "persistentvolumeclaims",
                       "secrets", "events", "pods", "nodes"}  # fmt: skip
 
@@ -212,6 +215,7 @@ def floor(bench: Bench, n: int) -> dict[str, Any]:
         jobs.append((target, build_job.render_job(target, svc, ns, 1, settings, cache)))
     # The services themselves, in a namespace no operator serves: what applying them costs
     # the API server (schema and CEL validation) is part of what a user waits for too.
+    api_before = bench.apiserver_requests()
     started = time.monotonic()
     bench.create_many(ns, [service_body(f"f{i}", f"rev-f{i}") for i in range(n)])
     services_seconds = time.monotonic() - started
@@ -232,6 +236,7 @@ def floor(bench: Bench, n: int) -> dict[str, Any]:
     ]
     bench.create_many(ns, records)
     total = time.monotonic() - started
+    api_writes = writes_of(api_before, bench.apiserver_requests())
     print(
         f"floor: {n} services created in {services_seconds:.1f}s; then {n} Jobs created in "
         f"{created:.1f}s, all complete and recorded in {total:.1f}s"
@@ -242,7 +247,18 @@ def floor(bench: Bench, n: int) -> dict[str, Any]:
         "create_seconds": round(created, 2),
         "total_seconds": round(total, 2),
         "total_with_services_seconds": round(total + services_seconds, 2),
+        "apiserver_writes": api_writes,
     }
+
+
+def writes_of(before: Counter[tuple[str, str]], after: Counter[tuple[str, str]]) -> dict[str, Any]:
+    """The writes the API server took between two readings, by every client: in all, and by
+    resource (the ten largest)."""
+    found: Counter[str] = Counter()
+    for (verb, resource), count in (after - before).items():
+        if verb in APISERVER_WRITE_VERBS:
+            found[resource] += count
+    return {"total": sum(found.values()), "by_resource": dict(found.most_common(10))}
 
 
 def dt_now() -> Any:
@@ -259,6 +275,7 @@ def operator_run(bench: Bench, n: int, steady: float, logs: Path) -> dict[str, A
     try:
         wait("the operator", op.report, 60)
         bodies = [service_body(f"s{i}", f"rev-s{i}") for i in range(n)]
+        api_before = bench.apiserver_requests()
         started = time.monotonic()
         bench.create_many(ns, bodies)
         out["apply_seconds"] = round(time.monotonic() - started, 2)
@@ -271,8 +288,18 @@ def operator_run(bench: Bench, n: int, steady: float, logs: Path) -> dict[str, A
 
         wait("every service EngineReady", all_ready, 1800, interval=2)
         out["apply_to_ready_seconds"] = round(time.monotonic() - started, 2)
+        # Every client's writes meanwhile (the Job, Deployment and ReplicaSet controllers',
+        # the scheduler's, kwok's): what the API server did, next to the floor's.
+        out["apiserver_writes_to_ready"] = writes_of(api_before, bench.apiserver_requests())
         print(f"operator: {n} services applied -> all EngineReady in "
               f"{out['apply_to_ready_seconds']:.1f}s")  # fmt: skip
+        # What the operator wrote on the way (creates, applies, patches, status, Events),
+        # serving included for the services whose engines were Ready before the last one.
+        writes = {k: v for k, v in op.requests().items() if k.split(" ")[0] in WRITE_VERBS}
+        out["writes_to_ready"] = dict(sorted(writes.items()))
+        out["writes_per_service_to_ready"] = round(sum(writes.values()) / n, 2)
+        print(f"operator writes until all EngineReady: {out['writes_per_service_to_ready']} "
+              f"per service {out['writes_to_ready']}")  # fmt: skip
         wait("an idle queue", lambda: (op.report() or {}).get("queued", 1) == 0, 120)
         time.sleep(5)
         before_api, before_op = bench.apiserver_requests(), op.requests()
