@@ -1,13 +1,13 @@
 """The chart's Grafana dashboard drawn with matplotlib, from Prometheus' answers to the
 dashboard's own queries (a picture of what users get; Grafana itself is not run here).
 
-tests/integration/test_monitoring.py runs a real operator, real CPU Tritons under load and a
+tests/cluster/test_monitoring.py runs a real operator, real CPU Tritons under load and a
 real Prometheus, asks Prometheus each panel's queries over the run (query_range) and calls
 :func:`draw_panels`; with COSYVOICE_DASHBOARD_PNG=bench/results/dashboard.png the picture is
 kept there:
 
     COSYVOICE_TEST_CLUSTER=obs COSYVOICE_DASHBOARD_PNG=bench/results/dashboard.png \\
-        .venv/bin/python -m pytest tests/integration/test_monitoring.py -k real_run
+        .venv/bin/python -m pytest tests/cluster/test_monitoring.py -k real_run
 """
 
 from __future__ import annotations

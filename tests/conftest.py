@@ -71,6 +71,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
+def helm() -> Path:
+    """The pinned helm (the same binary the cluster links into its bin/), no cluster needed:
+    built from the Go module proxy on first use, cached afterwards."""
+    from cosyvoice_operator.devtools.localcluster import binaries
+
+    return binaries.build(binaries.BINARIES["helm"])
+
+
+@pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     from cosyvoice_operator.devtools.localcluster import LocalCluster
 

@@ -30,7 +30,7 @@ MASK = "***"
 # Credential-shaped text whatever its value (a token the builder was not given, a tool's
 # own setting): the same shapes as the operator's log filter (operator/cosyvoice_operator/
 # shell/logs.py; the builder ships without the operator, so they are repeated here and
-# tests/unit/test_logs.py checks the two agree).
+# tests/unit/shell/test_logs.py checks the two agree).
 _KEY = (
     r"[a-z_-]*(?:token|passw(?:or)?d|secret|api[_-]?key|access[_-]?key|private[_-]?key"
     r"|client[_-]?secret)(?:[_-][a-z_-]*)?"

@@ -54,7 +54,7 @@ request completes, a whole stream later): the line waiting now, drained at the c
 rate, is a wait of ``pending / completion_rate`` (Little's law). A line longer than the band
 allows (``> 1.1 * target``) is pressure, whatever the lagging latency says.
 
-Rules, in the order they apply (each has rows in tests/unit/test_autoscaling.py)
+Rules, in the order they apply (each has rows in tests/unit/autoscaling/test_policy.py)
 ------------------------------------------------------------------------------
 1. Bounds. The result is always within ``[max(minReplicas, schedule floor), maxReplicas]``;
    a count outside them (a manual scale) is brought back at once, whatever the data and the

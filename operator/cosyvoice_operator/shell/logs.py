@@ -32,7 +32,7 @@ _OBJECT: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
 
 # Credential-shaped text, in the forms it takes in URLs, headers, settings, env, JSON and
 # Python reprs. Kept in step with engine-builder/cosyvoice_engine_builder/redaction.py's
-# SHAPES (the builder ships without the operator; tests/unit/test_logs.py checks both).
+# SHAPES (the builder ships without the operator; tests/unit/shell/test_logs.py checks both).
 _KEY = (
     r"[a-z_-]*(?:token|passw(?:or)?d|secret|api[_-]?key|access[_-]?key|private[_-]?key"
     r"|client[_-]?secret)(?:[_-][a-z_-]*)?"

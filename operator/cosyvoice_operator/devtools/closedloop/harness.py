@@ -1,7 +1,7 @@
 """The closed loop's real parts, outside the cluster: Triton processes, Prometheus, load.
 
 Used by ``cosyvoice-operator demo`` and by the tests (``tests/closed_loop/``,
-``tests/integration/``).
+``tests/cluster/``).
 
 The local cluster's pods are kwok's: Ready in the API server, with no container behind them.
 This module gives them one:

@@ -9,6 +9,7 @@ the cache, so a new version never reuses an old binary and a warm start builds n
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -131,11 +132,21 @@ def _go() -> str:
 
 
 def build(binary: Binary, log: Log = stderr_log) -> Path:
-    """Return the cached binary, building it first if it is not there yet."""
+    """Return the cached binary, building it first if it is not there yet. Two processes
+    that need it at once (make setup beside a test run) build it once: the second waits on
+    the first's lock, then finds the binary."""
     target = binary.path()
     if target.is_file() and os.access(target, os.X_OK):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if target.is_file() and os.access(target, os.X_OK):
+            return target
+        return _build_locked(binary, target, log)
+
+
+def _build_locked(binary: Binary, target: Path, log: Log) -> Path:
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-buildvcs=false", GOTOOLCHAIN="local")
     args = list(binary.go_args)
     partial = target.with_name(target.name + ".partial")

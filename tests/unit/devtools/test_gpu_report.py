@@ -1,0 +1,71 @@
+"""``bench/gpu/report.py``: goodput at SLO from a sweep's steps, and issue 13's summary."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+GPU = Path(__file__).resolve().parents[3] / "bench" / "gpu"
+
+
+def _load(name: str) -> ModuleType:
+    sys.path.insert(0, str(GPU))
+    try:
+        spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(GPU))
+
+
+report = _load("report")
+
+
+def step(good: float, p95: float | None, errors: int = 0, requests: int = 40, **gpus: Any) -> Any:
+    return {
+        "requests": requests,
+        "errors": errors,
+        "good_rps": good,
+        "offered_rps": good,
+        "p95_first_chunk_ms": p95,
+        "p95_first_chunk_ms_counting_errors": p95,
+        "p95_total_ms": 1000.0,
+        "gpu_utilization_mean": 0.5,
+        "per_gpu": {uuid: {"memory_max_gib": gib} for uuid, gib in gpus.items()},
+    }
+
+
+def raw_point(name: str, gpus: int, steps: list[Any]) -> Any:
+    params = {"orchestratorPerGpu": 16, "instancesPerGpu": 1, "maxQueueDelayUs": 500}
+    return {"name": name, "params": {**params, "maxBatchSize": 16, "gpus": gpus}, "steps": steps}
+
+
+def test_goodput_is_the_best_step_that_met_the_slo() -> None:
+    p = report.point(
+        raw_point("a", 1, [step(3.0, 300.0), step(5.0, 900.0), step(6.0, 1500.0)]), 1000.0
+    )
+    assert p["goodput_rps"] == 5.0 and p["p95_first_chunk_ms"] == 900.0
+
+
+def test_a_step_whose_p95_falls_on_failures_does_not_count() -> None:
+    p = report.point(raw_point("a", 1, [step(3.0, None, errors=10)]), 1000.0)
+    assert p["goodput_rps"] == 0.0 and p["error_rate"] == 0.25
+
+
+def test_multi_gpu_compares_one_and_two_gpus_and_counts_the_gpus_used() -> None:
+    points = [
+        report.point(raw_point("one", 1, [step(4.0, 400.0, g0=8.5)]), 1000.0),
+        report.point(raw_point("two", 2, [step(7.6, 450.0, g0=8.6, g1=8.4)]), 1000.0),
+        report.point(raw_point("two-idle", 2, [step(3.0, 450.0, g0=8.6, g1=0.4)]), 1000.0),
+    ]
+    summary = report.multi_gpu(points)
+    assert summary["one_gpu_goodput_rps"] == 4.0
+    assert summary["two_gpu_goodput_rps"] == 7.6
+    assert summary["ratio"] == 1.9
+    assert summary["gpus_with_instances"] == 2
+    assert summary["two_gpu_point"] == "two" and summary["errors"] == 0
