@@ -172,7 +172,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_run(sub)
+    _add_cluster(sub)
+    _add_render(sub)
+    _add_demo(sub)
+    from cosyvoice_operator.devtools.sim import (
+        command as sim_command,  # the autoscaling benchmark (issue 10)
+    )
 
+    sim_command.add_parser(sub)
+    return parser
+
+
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("run", help="run the operator against the current kubeconfig")
     run.add_argument(
         "--namespace",
@@ -202,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=_cmd_run)
 
+
+def _add_cluster(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cluster = sub.add_parser(
         "cluster",
         help="a local Kubernetes cluster of real components with fake GPU nodes",
@@ -224,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--wipe", action="store_true", help="with down: delete its data too")
     cluster.set_defaults(func=_cmd_cluster)
 
+
+def _add_render(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     render = sub.add_parser(
         "render",
         help="print every object the operator would create for a service (no cluster needed)",
@@ -239,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("-n", "--namespace", help="namespace (default: the manifest's, or default)")
     render.set_defaults(func=_cmd_render)
 
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = sub.add_parser(
         "demo",
         help="local cluster + operator + the examples, the autoscaler in a closed loop",
@@ -271,13 +289,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, metavar="SECONDS", help="give up (exit 1) after this long"
     )
     demo.set_defaults(func=_cmd_demo)
-
-    from cosyvoice_operator.devtools.sim import (
-        command as sim_command,  # the autoscaling benchmark (issue 10)
-    )
-
-    sim_command.add_parser(sub)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
