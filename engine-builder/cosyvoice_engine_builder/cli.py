@@ -401,6 +401,8 @@ def _build(
             "engineDir": str(outcome.engine_dir),
             "seconds": round(time.monotonic() - started, 1),
             "alreadyBuilt": outcome.already_built,
+            # The operator records it; serving pods refuse an engine whose manifest differs.
+            "manifestSha256": outcome.manifest_sha256,
         }
     )
     return EXIT_OK

@@ -62,16 +62,24 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    """The manifest document exactly as it is written to ``manifest.json``."""
+    return (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> str:
+    """Write ``manifest.json`` last, synced; returns the sha256 of the bytes written (the
+    digest the operator records and serving pods check, issue 21 M6)."""
+    data = manifest_bytes(manifest)
     tmp = directory / f".{MANIFEST_NAME}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle, indent=2, sort_keys=True)
-        handle.write("\n")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, directory / MANIFEST_NAME)
     for dirpath, _, _ in os.walk(directory):
         fsync_dir(Path(dirpath))
+    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass
@@ -79,6 +87,8 @@ class Verification:
     engine_dir: Path
     problems: list[str] = field(default_factory=list)
     manifest: dict[str, Any] | None = None
+    # The sha256 of the manifest's bytes as they were read and checked ("" if unreadable).
+    manifest_sha256: str = ""
 
     @property
     def ok(self) -> bool:
@@ -100,13 +110,16 @@ def verify_engine_dir(engine_dir: Path, key: str) -> Verification:
         result.problems.append(f"{engine_dir} does not exist")
         return result
     try:
-        data = json.loads(manifest_path.read_text(encoding="utf-8"))
+        raw = manifest_path.read_bytes()
+        data = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         result.problems.append(f"{manifest_path} is missing: the build never completed here")
         return result
     except (OSError, ValueError) as exc:
         result.problems.append(f"{manifest_path} is unreadable: {exc}")
         return result
+    # One read: the digest is of the very bytes whose file list is checked below.
+    result.manifest_sha256 = hashlib.sha256(raw).hexdigest()
     if not isinstance(data, dict):
         result.problems.append(f"{manifest_path} is not a JSON object")
         return result

@@ -44,7 +44,7 @@ from cosyvoice_engine_builder.lock import exclusive_lock
 from cosyvoice_engine_builder.manifest import verify_engine_dir
 from cosyvoice_engine_builder.manifest_document import manifest_document
 from cosyvoice_engine_builder.progress import Console, StepLog
-from cosyvoice_engine_builder.publish import Placement, publish
+from cosyvoice_engine_builder.publish import Placement, Published, publish
 from cosyvoice_engine_builder.redaction import without_secrets
 from cosyvoice_engine_builder.releases import companions, known_releases, pinned_revision
 from cosyvoice_engine_builder.request import Artifact, BuildRequest
@@ -85,6 +85,9 @@ class Outcome:
     engine_dir: Path
     seconds: float
     already_built: bool
+    # The sha256 of the engine's manifest.json (written, or verified when already built):
+    # reported to the operator, which records it for the serving pods to check.
+    manifest_sha256: str = ""
 
 
 def _present(path: Path) -> bool:
@@ -222,9 +225,11 @@ class Pipeline:
         started = time.monotonic()
         r = self.request
         self.current_step = "check"
-        if verify_engine_dir(r.engine_dir, r.key).ok:
+        present = verify_engine_dir(r.engine_dir, r.key)
+        if present.ok:
             self.console.out(f"already built: {r.engine_dir} verifies; nothing to do")
-            return Outcome(r.engine_dir, time.monotonic() - started, already_built=True)
+            seconds = time.monotonic() - started
+            return Outcome(r.engine_dir, seconds, True, present.manifest_sha256)
 
         self.current_step = "lock"
 
@@ -233,9 +238,11 @@ class Pipeline:
 
         with exclusive_lock(r.lock_path, timeout=self.lock_timeout, on_wait=waiting):
             # The builder we waited for may have just finished this very key.
-            if verify_engine_dir(r.engine_dir, r.key).ok:
+            present = verify_engine_dir(r.engine_dir, r.key)
+            if present.ok:
                 self.console.out(f"already built (by another builder): {r.engine_dir}")
-                return Outcome(r.engine_dir, time.monotonic() - started, already_built=True)
+                seconds = time.monotonic() - started
+                return Outcome(r.engine_dir, seconds, True, present.manifest_sha256)
             return self._build(started)
 
     def _build(self, started: float) -> Outcome:
@@ -281,11 +288,11 @@ class Pipeline:
                 versions,
             )
             plans = (flow_plan, speaker_plan)
-        engine_dir = self._publish(6, layout, versions, plans)
+        published = self._publish(6, layout, versions, plans)
         self._clean_work()
         seconds = time.monotonic() - started
-        self.console.out(f"engine {r.key} ready at {engine_dir} after {seconds:.1f}s")
-        return Outcome(engine_dir, seconds, already_built=False)
+        self.console.out(f"engine {r.key} ready at {published.engine_dir} after {seconds:.1f}s")
+        return Outcome(published.engine_dir, seconds, False, published.manifest_sha256)
 
     def _require_tools(self) -> None:
         r = self.request
@@ -444,7 +451,7 @@ class Pipeline:
         layout: ModelLayout,
         versions: Versions,
         plans: tuple[Path, Path] | None,
-    ) -> Path:
+    ) -> Published:
         r = self.request
         self.current_step = "publish"
         log = StepLog(self.console, index, len(STEPS), "publish")
@@ -481,7 +488,7 @@ class Pipeline:
             log.line(f"{result.engine_dir} appeared meanwhile and verifies; kept it")
         else:
             log.line(f"published {result.engine_dir}")
-        return result.engine_dir
+        return result
 
     def _clean_work(self) -> None:
         # Only what the builder itself created: --work-dir may point somewhere shared.

@@ -76,6 +76,9 @@ class Published:
     # True when a complete engine for the key appeared while we were building (another
     # builder without our lock, e.g. a manual run); ours was discarded.
     already_present: bool
+    # The sha256 of the engine's manifest.json: of the bytes written, or of the present
+    # engine's as they verified.
+    manifest_sha256: str = ""
 
 
 def publish(
@@ -97,12 +100,13 @@ def publish(
 
     echo("hashing and syncing files")
     entries = file_entries(partial, sync=True)
-    write_manifest(partial, manifest_for(entries))
+    digest = write_manifest(partial, manifest_for(entries))
 
     if engine_dir.exists():
-        if verify_engine_dir(engine_dir, key).ok:
+        present = verify_engine_dir(engine_dir, key)
+        if present.ok:
             _remove(partial)
-            return Published(engine_dir, already_present=True)
+            return Published(engine_dir, True, present.manifest_sha256)
         # A directory that does not verify is not an engine; set it aside rather than
         # delete it in place, so the rename below never meets a half-deleted tree.
         trash = cache_dir / ".trash" / f"{key}.{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}"
@@ -113,4 +117,4 @@ def publish(
 
     os.replace(partial, engine_dir)
     fsync_dir(cache_dir)
-    return Published(engine_dir, already_present=False)
+    return Published(engine_dir, False, digest)

@@ -10,7 +10,8 @@ Exit codes:
 - 1  a server could not be started, or an LLM server did not answer ``/health`` in time
 - 2  invalid command line, or a repository configuration the image cannot serve (no
      ``*.pbtxt``, a model whose code is not in the image)
-- 3  the engine is missing, incomplete, or was not built for this pod (the gate)
+- 3  the engine is missing, incomplete, changed since its build (its manifest is not the one
+     `--manifest-sha256` names, or a file differs from it), or not built for this pod (the gate)
 - N  a ``trtllm-serve``'s exit code when it exits first (1 if it exited with 0)
 - 128+N  stopped by signal N before Triton started (143 for SIGTERM)
 """

@@ -9,6 +9,7 @@ names the engine's side, the pod's side, and what to do (:func:`gate_message`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +27,7 @@ from cosyvoice_engine_builder.serving.options import ServeOptions
 from cosyvoice_engine_builder.toolchain import ToolchainError, find_executable, probe_versions
 
 _MESSAGE_FILES_LISTED = 5
+_HASH_CHUNK = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,7 @@ class Mismatch:
 @dataclass
 class GateResult:
     ok: bool
-    reason: str  # EngineMissing | EngineIncompatible | "" when ok
+    reason: str  # EngineMissing | EngineInvalid | EngineModified | EngineIncompatible | ""
     message: str
     mismatches: list[Mismatch] = field(default_factory=list)
     manifest: dict[str, Any] | None = None
@@ -124,8 +126,12 @@ class _ManifestUnusable(Exception):
         self.reason = reason
 
 
-def read_manifest(engine_dir: Path, key: str) -> dict[str, Any]:
-    """The manifest, or :class:`_ManifestUnusable` with the whole explanation."""
+def read_manifest(engine_dir: Path, key: str, expected_sha256: str = "") -> dict[str, Any]:
+    """The manifest, or :class:`_ManifestUnusable` with the whole explanation.
+
+    ``expected_sha256`` (``--manifest-sha256``, from the operator's engine record: the digest
+    the builder reported for the manifest it wrote) must be the sha256 of the file's bytes;
+    any other manifest is refused with reason ``EngineModified`` (issue 21 M6)."""
     manifest_path = engine_dir / MANIFEST_NAME
     waiting = (
         "the operator starts serving pods only for engines that are Ready, so this pod is "
@@ -138,7 +144,8 @@ def read_manifest(engine_dir: Path, key: str) -> dict[str, Any]:
             f"there, or the engine was never built in it or has been removed; {waiting}"
         )
     try:
-        data = json.loads(manifest_path.read_text(encoding="utf-8"))
+        raw = manifest_path.read_bytes()
+        data = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise _ManifestUnusable(
             f"engine {key}: {manifest_path} is missing: the engine's build never completed "
@@ -152,6 +159,17 @@ def read_manifest(engine_dir: Path, key: str) -> dict[str, Any]:
             "makes the operator build it again",
             "EngineInvalid",
         ) from exc
+    found_sha256 = hashlib.sha256(raw).hexdigest()
+    if expected_sha256 and found_sha256 != expected_sha256:
+        raise _ManifestUnusable(
+            f"engine {key}: {manifest_path} has sha256 {found_sha256}, but its build wrote "
+            f"one of sha256 {expected_sha256} (the engine record's manifestSha256): the "
+            "manifest was changed after the build (another build on the same cache claim, or "
+            "by hand), so nothing it lists can be trusted and this pod will not load it. "
+            f"Rebuild it: `kubectl delete jobs,configmaps -l tts.cosyvoice.dev/engine-key={key}`"
+            "; and give services that do not trust each other their own cache claims",
+            "EngineModified",
+        )
     if not isinstance(data, dict) or data.get("schemaVersion") != SCHEMA_VERSION:
         found = data.get("schemaVersion") if isinstance(data, dict) else type(data).__name__
         raise _ManifestUnusable(
@@ -179,8 +197,12 @@ def layout_path(
     return engine_dir / (member(value) or default)
 
 
-def check_file_sizes(engine_dir: Path, manifest: Mapping[str, Any]) -> list[str]:
-    """Every listed file present with its recorded size (no hashing: that is ``verify``)."""
+def check_file_sizes(
+    engine_dir: Path, manifest: Mapping[str, Any], *, hashes: bool = False
+) -> list[str]:
+    """Every listed file present with its recorded size; with ``hashes`` (the manifest's own
+    digest was checked: ``--manifest-sha256``) also with its recorded sha256, so a file
+    changed after the build is found even at the same size."""
     files = manifest.get("files")
     if not isinstance(files, list) or not files:
         return ["the manifest lists no files"]
@@ -199,7 +221,20 @@ def check_file_sizes(engine_dir: Path, manifest: Mapping[str, Any]) -> list[str]
             problems.append(f"{rel} (missing)")
         elif size != entry.get("size"):
             problems.append(f"{rel} (size {size}, built as {entry.get('size')})")
+        elif hashes and _sha256_of(path) != entry.get("sha256"):
+            problems.append(f"{rel} (sha256 differs from the build's)")
     return problems
+
+
+def _sha256_of(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(_HASH_CHUNK):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def _norm_arch(arch: str) -> str:
@@ -407,7 +442,7 @@ def run_gate(
     options: ServeOptions, observe: Callable[[], PodFacts]
 ) -> tuple[GateResult, PodFacts | None]:
     try:
-        manifest = read_manifest(options.engine_dir, options.key)
+        manifest = read_manifest(options.engine_dir, options.key, options.manifest_sha256)
     except _ManifestUnusable as exc:
         return GateResult(False, exc.reason, str(exc)), None
     facts = observe()
@@ -418,15 +453,21 @@ def run_gate(
         variant=options.variant,
         facts=facts,
         llm_groups=effective_llm_groups(options, manifest),
-        file_problems=check_file_sizes(options.engine_dir, manifest),
+        file_problems=check_file_sizes(
+            options.engine_dir, manifest, hashes=bool(options.manifest_sha256)
+        ),
         vllm=options.vllm,
     )
     if options.vllm and options.checkpoint_dir is not None:
         try:
-            checkpoint = read_manifest(options.checkpoint_dir, options.checkpoint_key)
+            checkpoint = read_manifest(
+                options.checkpoint_dir, options.checkpoint_key, options.checkpoint_manifest_sha256
+            )
         except _ManifestUnusable as exc:
             return GateResult(False, exc.reason, f"checkpoint: {exc}"), facts
-        problems = check_file_sizes(options.checkpoint_dir, checkpoint)
+        problems = check_file_sizes(
+            options.checkpoint_dir, checkpoint, hashes=bool(options.checkpoint_manifest_sha256)
+        )
         if problems:
             mismatches.append(
                 Mismatch(

@@ -51,6 +51,15 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _sha256(text: str) -> str:
+    if not _SHA256_RE.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: not a sha256 (64 lowercase hex digits)")
+    return text
+
+
 def _positive_seconds(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -122,6 +131,14 @@ def _add_paths(parser: argparse.ArgumentParser) -> None:
         "--engine-dir", required=True, type=Path, help="the engine of one key, e.g. /engines/KEY"
     )
     parser.add_argument("--key", required=True, help="the engine key the operator expects there")
+    parser.add_argument(
+        "--manifest-sha256",
+        type=_sha256,
+        default=None,
+        help="the sha256 of the engine's manifest.json as its build wrote it (the operator "
+        "passes its engine record's); given, any other manifest is refused (exit 3) and "
+        "every listed file is hashed against it, not only sized",
+    )
     parser.add_argument("--variant", required=True, choices=[v.value for v in Variant])
     parser.add_argument(
         "--repository-config",
@@ -191,6 +208,12 @@ def _add_vllm(parser: argparse.ArgumentParser) -> None:
         "--checkpoint-dir", type=Path, default=None, help="vllm: the fetched checkpoint"
     )
     parser.add_argument("--checkpoint-key", default="", help="vllm: the checkpoint's key")
+    parser.add_argument(
+        "--checkpoint-manifest-sha256",
+        type=_sha256,
+        default=None,
+        help="vllm: --manifest-sha256 of the checkpoint",
+    )
     parser.add_argument("--llm-dtype", default="bfloat16", help="vllm serve --dtype")
     parser.add_argument(
         "--llm-kv-cache-dtype", default="auto", help="vllm serve --kv-cache-dtype (auto, fp8)"
@@ -244,6 +267,8 @@ class ServeOptions:
     llm_max_num_tokens: int = 32768
     llm_gpu_memory_utilization: float = 0.4
     llm_served_model_name: str = "cosyvoice-llm"
+    manifest_sha256: str = ""
+    checkpoint_manifest_sha256: str = ""
 
     @property
     def vllm(self) -> bool:
@@ -281,6 +306,8 @@ class ServeOptions:
             llm_max_num_tokens=args.llm_max_num_tokens,
             llm_gpu_memory_utilization=args.llm_gpu_memory_utilization,
             llm_served_model_name=args.llm_served_model_name,
+            manifest_sha256=args.manifest_sha256 or "",
+            checkpoint_manifest_sha256=args.checkpoint_manifest_sha256 or "",
         )
         if options.vllm:
             if options.checkpoint_dir is None or not options.checkpoint_key:

@@ -44,6 +44,9 @@ class EngineState:
     reason: str = ""
     # When the state changes with time alone (a build to report as running): look again then.
     look_again: dt.datetime | None = None
+    # The sha256 of the engine's manifest.json as its build wrote it (the builder's
+    # termination message, then the record): serving pods refuse any other ("" unknown).
+    manifest_sha256: str = ""
 
 
 def _attempt(job: Mapping[str, Any]) -> int:
@@ -91,6 +94,34 @@ def termination_message(pods: Sequence[Mapping[str, Any]]) -> str:
                     parts[0] = f"step {parts[0]}:"
                 return " ".join(parts)[-1000:] or text[-1000:]
             return text[-1000:]
+    return ""
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def valid_sha256(value: object) -> str:
+    """``value`` if it is a sha256 in hex as the builder writes it, else "" (never trusted
+    into a command line otherwise)."""
+    return value if isinstance(value, str) and _SHA256.match(value) else ""
+
+
+def built_manifest_sha256(pods: Sequence[Mapping[str, Any]]) -> str:
+    """The manifest digest the builder reported on success (``manifestSha256`` of its
+    termination message, newest pod first); "" from a builder that predates it."""
+
+    def started(pod: Mapping[str, Any]) -> str:
+        return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+
+    for pod in sorted(pods, key=started, reverse=True):
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated") or {}
+            try:
+                data = json.loads(str(term.get("message") or "").strip() or "null")
+            except ValueError:
+                continue
+            if isinstance(data, dict) and data.get("result") == "ok":
+                return valid_sha256(data.get("manifestSha256"))
     return ""
 
 
@@ -197,9 +228,14 @@ def assess(
     name = latest["metadata"]["name"]
     attempt = _attempt(latest)
     if _condition(latest, "Complete") or _condition(latest, "SuccessCriteriaMet"):
-        result = termination_message(pods)
         return EngineState(
-            "Ready", f"built by {name}", job=name, attempts=attempt, action="record", result=result
+            "Ready",
+            f"built by {name}",
+            job=name,
+            attempts=attempt,
+            action="record",
+            result=termination_message(pods),
+            manifest_sha256=built_manifest_sha256(pods),
         )
     failed = _condition(latest, "Failed")
     if failed:
@@ -244,6 +280,7 @@ def _recorded(record: Mapping[str, Any]) -> EngineState:
         f"built by {built_by or '?'} at {data.get('builtAt', '?')}",
         job=built_by,
         attempts=attempts,
+        manifest_sha256=valid_sha256(data.get("manifestSha256")),
     )
 
 

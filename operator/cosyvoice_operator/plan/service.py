@@ -304,6 +304,7 @@ def _engine(
                     now,
                     cache,
                     state="Failed" if failed else "Ready",
+                    manifest_sha256="" if failed else st.manifest_sha256,
                 )
             )
         )

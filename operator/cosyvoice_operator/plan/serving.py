@@ -103,6 +103,8 @@ class _Engines:
     waiting: list[str]
     # vLLM: the fetched checkpoint every architecture serves from ("" without vLLM)
     checkpoint_key: str
+    # key -> the sha256 of its manifest as recorded (engines and checkpoint; "" unknown)
+    digests: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def served(self) -> list[str]:
@@ -131,7 +133,7 @@ def plan_serving(
     engines = _choose_engines(plan, states, existing)
     if blocked:
         frozen = {a: d for a, d in existing.items() if a in engines.fresh or a in engines.frozen}
-        engines = _Engines({}, frozen, [blocked], engines.checkpoint_key)
+        engines = _Engines({}, frozen, [blocked], engines.checkpoint_key, engines.digests)
     served = engines.served
     capacity = _capacity_by_arch(svc, plan, world)
     shares = workloads.split_replicas(desired_total, [(a, capacity.get(a, 0)) for a in served])
@@ -193,6 +195,9 @@ def _choose_engines(
     # architecture is as not Ready as if its own plans were missing.
     checkpoint = plan.checkpoint
     checkpoint_key = checkpoint.key if checkpoint is not None else ""
+    digests: dict[str, str] = {}
+    if checkpoint is not None and checkpoint.key in states:
+        digests[checkpoint.key] = states[checkpoint.key].manifest_sha256
     for target in plan.targets:
         arch = target.identity.gpu_arch
         st = states[target.key]
@@ -204,6 +209,7 @@ def _choose_engines(
                 )
         if st.state == "Ready":
             fresh[arch] = (target.key, target.products)
+            digests[target.key] = st.manifest_sha256
         elif arch in existing:
             frozen[arch] = existing[arch]
             old = served_key(existing[arch])
@@ -211,7 +217,7 @@ def _choose_engines(
                 f"{arch} serves engine {old[:12]} until engine {target.key[:12]} is built "
                 f"({st.state}: {st.message})"
             )
-    return _Engines(fresh, frozen, waiting, checkpoint_key)
+    return _Engines(fresh, frozen, waiting, checkpoint_key, digests)
 
 
 def _workload_effects(
@@ -233,7 +239,15 @@ def _workload_effects(
         keys.add(key)
         if checkpoint_key:
             keys.add(checkpoint_key)
-        target = ArchServing(arch, key, products, shares[arch], checkpoint_key)
+        target = ArchServing(
+            arch,
+            key,
+            products,
+            shares[arch],
+            checkpoint_key,
+            engines.digests.get(key, ""),
+            engines.digests.get(checkpoint_key, "") if checkpoint_key else "",
+        )
         for obj in workloads.render_architecture(body, svc, target, namespace, settings):
             seen = world.owned(obj["kind"], namespace, obj["metadata"]["name"])
             drifted = (

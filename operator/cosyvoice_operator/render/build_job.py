@@ -213,11 +213,14 @@ def _container_security_context() -> dict[str, Any]:
 
 def _pod_security_context() -> dict[str, Any]:
     # uid 1000: the builder image's user; fsGroup makes the cache claim writable for it.
+    # OnRootMismatch: a volume whose root already has the group is not re-chowned file by
+    # file at every pod start (an engine cache holds many GB; issue 21 L7).
     return {
         "runAsNonRoot": True,
         "runAsUser": 1000,
         "runAsGroup": 1000,
         "fsGroup": 1000,
+        "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 
@@ -432,9 +435,13 @@ def render_record(
     now: dt.datetime,
     cache: CacheClaim,
     state: str = "Ready",
+    manifest_sha256: str = "",
 ) -> dict[str, Any]:
-    """The ConfigMap that records an engine's outcome, built or given up (it outlives Jobs)."""
-    return {
+    """The ConfigMap that records an engine's outcome, built or given up (it outlives Jobs).
+
+    ``manifestSha256`` (when the builder reported it) is the digest of the manifest the
+    build wrote; the serving pods get it (``--manifest-sha256``) and refuse any other."""
+    record: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
@@ -458,6 +465,9 @@ def render_record(
             "result": result[:TERMINATION_MESSAGE_LIMIT],
         },
     }
+    if manifest_sha256:
+        record["data"]["manifestSha256"] = manifest_sha256
+    return record
 
 
 # ---- engine cleanup -------------------------------------------------------------------------

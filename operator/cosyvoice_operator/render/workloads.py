@@ -88,6 +88,10 @@ class ArchServing:
     replicas: int
     # vLLM: the key of the fetched checkpoint the pods serve the LLM from.
     checkpoint_key: str = ""
+    # The sha256 of each one's manifest.json as its build wrote it (from the engine
+    # records; "" for a record without one): the pods refuse any other manifest.
+    manifest_sha256: str = ""
+    checkpoint_manifest_sha256: str = ""
 
 
 def short(arch: str) -> str:
@@ -235,12 +239,19 @@ def _resources(svc: ServiceSpec) -> dict[str, Any]:
 
 
 def serve_args(
-    svc: ServiceSpec, key: str, settings: ServingSettings, checkpoint_key: str = ""
+    svc: ServiceSpec,
+    key: str,
+    settings: ServingSettings,
+    checkpoint_key: str = "",
+    manifest_sha256: str = "",
+    checkpoint_manifest_sha256: str = "",
 ) -> list[str]:
     """The serving container's arguments (the serving image's entry point is `cosyvoice-serve`).
 
     The model view is passed explicitly: the Python models' ``model_dir`` parameter
-    (`triton.MODEL_VIEW`) names the directory the pod assembles there.
+    (`triton.MODEL_VIEW`) names the directory the pod assembles there. With the engine
+    record's manifest digest, ``--manifest-sha256``: the pod then refuses an engine whose
+    manifest, or any file it lists, changed after the build (issue 21 M6).
     """
     args = [
         "--engine-dir",
@@ -264,6 +275,8 @@ def serve_args(
         "--exit-timeout-seconds",
         str(settings.drain_seconds),
     ]
+    if manifest_sha256:
+        args += ["--manifest-sha256", manifest_sha256]
     if triton.llm_beside_triton(svc):
         groups = ";".join(",".join(str(g) for g in grp) for grp in triton.llm_groups(svc))
         args += ["--llm-groups", groups, "--llm-base-port", str(triton.LLM_BASE_PORT)]
@@ -292,6 +305,8 @@ def serve_args(
             "--llm-served-model-name",
             triton.VLLM_SERVED_MODEL_NAME,
         ]
+        if checkpoint_manifest_sha256:
+            args += ["--checkpoint-manifest-sha256", checkpoint_manifest_sha256]
     return args
 
 
@@ -379,6 +394,8 @@ def _pod_spec(
             "runAsUser": 1000,
             "runAsGroup": 1000,
             "fsGroup": 1000,
+            # The cache claim is not re-chowned at every start when its root has the group.
+            "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "affinity": _affinity(svc.serving.affinity, target.products),
@@ -429,7 +446,14 @@ def _container(svc: ServiceSpec, target: ArchServing, settings: ServingSettings)
         "name": CONTAINER,
         "image": serving_image(svc, settings),
         "imagePullPolicy": "IfNotPresent",
-        "args": serve_args(svc, target.key, settings, target.checkpoint_key),
+        "args": serve_args(
+            svc,
+            target.key,
+            settings,
+            target.checkpoint_key,
+            target.manifest_sha256,
+            target.checkpoint_manifest_sha256,
+        ),
         "ports": ports,
         "env": [
             {"name": "HOME", "value": "/tmp"},

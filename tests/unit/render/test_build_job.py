@@ -748,6 +748,7 @@ def test_cleanup_job_security_matches_build_pods() -> None:
         "runAsUser": 1000,
         "runAsGroup": 1000,
         "fsGroup": 1000,
+        "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     assert _pod_spec(cleanup)["automountServiceAccountToken"] is False
