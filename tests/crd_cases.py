@@ -318,19 +318,10 @@ INVALID_SPECS: list[tuple[str, Json, list[str]]] = [
         ["spec.model.llmRuntime", "Unsupported value"],
     ),
     (
-        "vllm-with-an-engine-only-precision",
-        {"model": {"llmRuntime": "vllm"}, "engine": {"precision": "int8-weight-only"}},
-        ["spec.engine.precision", "must be bfloat16 or float16 with spec.model.llmRuntime vllm"],
-    ),
-    (
-        "vllm-with-int8-kv-cache",
-        {"model": {"llmRuntime": "vllm"}, "engine": {"kvCacheType": "int8"}},
-        ["spec.engine.kvCacheType", "int8 is a TensorRT-LLM engine option"],
-    ),
-    (
-        "vllm-with-smoothquant-options",
-        {"model": {"llmRuntime": "vllm"}, "engine": {"smoothQuant": {"alpha": 0.5}}},
-        ["spec.engine.smoothQuant", "cannot be set with"],
+        # Refused until a vLLM serving image and an orchestrator that calls it exist.
+        "vllm-refused",
+        {"model": {"llmRuntime": "vllm"}},
+        ["spec.model.llmRuntime", "vllm is not served yet"],
     ),
     (
         "smoothquant-options-without-smoothquant",

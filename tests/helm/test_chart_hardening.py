@@ -83,7 +83,6 @@ def test_every_default_image_is_under_the_default_allowlist() -> None:
         values["image"]["repository"],
         BuildSettings().default_builder_image,
         ServingSettings().default_image,
-        ServingSettings().default_vllm_image,
     ]
     for image in defaults:
         assert image.startswith(registry), image

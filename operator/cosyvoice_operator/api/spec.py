@@ -27,11 +27,16 @@ PRECISIONS = (
 )
 MODES = ("Active", "DryRun")
 LLM_RUNTIMES = ("tensorrt-llm", "vllm")
+# The runtimes a service may ask for today. vllm is a name the API keeps so that the refusal
+# can say why (the CRD's CEL rule says the same): there is no vLLM serving image, and the
+# orchestrator has no OpenAI-client path to a vLLM server (issue 19, item 9).
+SERVED_LLM_RUNTIMES = ("tensorrt-llm",)
+VLLM_REFUSAL = (
+    "vllm is not served yet: there is no vLLM serving image and the orchestrator cannot call "
+    "a vLLM server; it will be accepted once both exist (issue 19, item 9). Use tensorrt-llm"
+)
 # The LLM's KV cache: "auto" keeps the engine's own (the activation dtype; fp8 for fp8).
 KV_CACHE_TYPES = ("auto", "int8", "fp8")
-# What vLLM serves from the Hugging Face checkpoint as it is (its --dtype); the quantized
-# modes are TensorRT-LLM engine builds.
-VLLM_PRECISIONS = ("bfloat16", "float16")
 TIMEOUT_ACTIONS = ("Reject", "Delay")
 # Upstream's orchestrator: dynamic_chunk_strategy (exponential, equal, time_based).
 HOP_GROWTHS = ("exponential", "equal", "time-based")
@@ -171,23 +176,6 @@ class Schedule:
 
 
 @dataclass(frozen=True)
-class SloSpec:
-    """Sizing for the first-audio SLO (issue 22); ``first_audio_milliseconds`` 0 is off (the
-    queue-latency target alone sizes the fleet)."""
-
-    first_audio_milliseconds: int = 0
-    attainment_percent: float = 99.0  # of requests whose first audio is within the SLO
-    first_chunk_milliseconds: int = 1107  # first chunk with every slot busy (upstream L20)
-    cold_start_seconds: int = 180  # creation to Ready of a pod: the forecast's horizon
-    forecast_std_devs: float = 1.0  # headroom: the forecast plus this many std deviations
-    variability: float = 1.0  # (ca² + cs²) / 2: 1 is Poisson arrivals, exponential service
-
-    @property
-    def enabled(self) -> bool:
-        return self.first_audio_milliseconds > 0
-
-
-@dataclass(frozen=True)
 class AutoscalingSpec:
     enabled: bool = False
     mode: str = "Active"
@@ -199,7 +187,6 @@ class AutoscalingSpec:
     scale_down: ScaleRule = ScaleRule(300, 1)
     prometheus_url: str = ""
     schedules: tuple[Schedule, ...] = ()
-    slo: SloSpec = SloSpec()
 
 
 @dataclass(frozen=True)
@@ -472,18 +459,6 @@ def _smooth_quant(e: Mapping[str, Any]) -> SmoothQuant | None:
 
 def _check_engine_combinations(model: ModelSpec, engine: EngineSpec) -> None:
     """The pairs no GPU can run, whatever its architecture (the CRD's CEL rules say the same)."""
-    if model.llm_runtime == "vllm":
-        if engine.precision not in VLLM_PRECISIONS:
-            raise SpecError(
-                "spec.engine.precision",
-                f"{engine.precision} is a TensorRT-LLM engine build; with spec.model.llmRuntime "
-                f"vllm use {' or '.join(VLLM_PRECISIONS)} (vLLM serves the checkpoint as it is)",
-            )
-        if engine.kv_cache_type == "int8":
-            raise SpecError(
-                "spec.engine.kvCacheType",
-                "int8 is a TensorRT-LLM engine option; vLLM quantizes its KV cache to fp8 only",
-            )
     if engine.precision == "int8-smoothquant" and engine.kv_cache_type == "fp8":
         raise SpecError(
             "spec.engine.kvCacheType",
@@ -581,13 +556,10 @@ def _model(m: Mapping[str, Any]) -> ModelSpec:
         raise SpecError(
             "spec.model.credentialsSecret", f"must be a Secret name, got {secret!r:.80}"
         )
-    return ModelSpec(
-        variant,
-        uri,
-        revision,
-        secret,
-        _enum(m, "llmRuntime", "spec.model", LLM_RUNTIMES, "tensorrt-llm"),
-    )
+    runtime = _enum(m, "llmRuntime", "spec.model", LLM_RUNTIMES, "tensorrt-llm")
+    if runtime not in SERVED_LLM_RUNTIMES:
+        raise SpecError("spec.model.llmRuntime", VLLM_REFUSAL)
+    return ModelSpec(variant, uri, revision, secret, runtime)
 
 
 def _engine(e: Mapping[str, Any]) -> EngineSpec:
@@ -698,38 +670,7 @@ def _autoscaling(a: Mapping[str, Any]) -> AutoscalingSpec:
         ),
         prometheus_url=_str(a, "prometheusUrl"),
         schedules=schedules,
-        slo=_slo(_obj(a, "slo", "spec.autoscaling")),
     )
-
-
-def _number(
-    raw: Mapping[str, Any], key: str, path: str, default: float, lo: float, hi: float
-) -> float:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SpecError(f"{path}.{key}", f"must be a number, got {value!r}")
-    if not lo <= value <= hi:
-        raise SpecError(f"{path}.{key}", f"must be between {lo:g} and {hi:g}, got {value}")
-    return float(value)
-
-
-def _slo(s: Mapping[str, Any]) -> SloSpec:
-    path = "spec.autoscaling.slo"
-    slo = SloSpec(
-        first_audio_milliseconds=_int(s, "firstAudioMilliseconds", path, 0, 0, 600_000),
-        attainment_percent=_number(s, "attainmentPercent", path, 99.0, 50.0, 99.99),
-        first_chunk_milliseconds=_int(s, "firstChunkMilliseconds", path, 1107, 0, 600_000),
-        cold_start_seconds=_int(s, "coldStartSeconds", path, 180, 0, 3600),
-        forecast_std_devs=_number(s, "forecastStdDevs", path, 1.0, 0.0, 10.0),
-        variability=_number(s, "variability", path, 1.0, 0.05, 10.0),
-    )
-    if slo.enabled and slo.first_chunk_milliseconds >= slo.first_audio_milliseconds:
-        raise SpecError(
-            f"{path}.firstChunkMilliseconds",
-            f"must be below {path}.firstAudioMilliseconds ({slo.first_audio_milliseconds}): "
-            "no wait at all would leave the SLO reachable",
-        )
-    return slo
 
 
 def _schedules(a: Mapping[str, Any], max_replicas: int) -> tuple[Schedule, ...]:

@@ -136,16 +136,13 @@ def render_service(
     shares = workloads.split_replicas(
         svc.replicas, [(t.identity.gpu_arch, 0) for t in plan.targets]
     )
-    checkpoint_key = plan.checkpoint.key if plan.checkpoint is not None else ""
     for target in plan.targets:
         arch = target.identity.gpu_arch
         out.extend(
             workloads.render_architecture(
                 body,
                 svc,
-                workloads.ArchServing(
-                    arch, target.key, target.products, shares[arch], checkpoint_key
-                ),
+                workloads.ArchServing(arch, target.key, target.products, shares[arch]),
                 namespace,
                 cfg.serving,
             )

@@ -239,15 +239,7 @@ def _workload_effects(
         keys.add(key)
         if checkpoint_key:
             keys.add(checkpoint_key)
-        target = ArchServing(
-            arch,
-            key,
-            products,
-            shares[arch],
-            checkpoint_key,
-            engines.digests.get(key, ""),
-            engines.digests.get(checkpoint_key, "") if checkpoint_key else "",
-        )
+        target = ArchServing(arch, key, products, shares[arch], engines.digests.get(key, ""))
         for obj in workloads.render_architecture(body, svc, target, namespace, settings):
             seen = world.owned(obj["kind"], namespace, obj["metadata"]["name"])
             drifted = (

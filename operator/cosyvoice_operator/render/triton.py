@@ -7,9 +7,11 @@ the engine directory mounted at ``engine_dir``. Nothing here reads a file or the
 docs/triton-repository.md says which facts come from upstream (FunAudioLLM/CosyVoice,
 ``runtime/triton_trtllm`` at commit ace7c47) and which are ours, and why: every GPU of the
 pod used, the LLM once per tensor-parallel group, the orchestrator's instance count,
-batching from the spec, the paths inside the engine directory and :data:`MODEL_VIEW`, vLLM,
-queue policy and stream chunking, device memory between GPUs, and state in instances.
-The text format itself is ``render/pbtxt.py``.
+batching from the spec, the paths inside the engine directory and :data:`MODEL_VIEW`, queue
+policy and stream chunking, device memory between GPUs, and state in instances. The
+parameters each model carries are declared once, in ``render/model_parameters.py``, and
+every rendered configuration is checked against that declaration. The text format itself
+is ``render/pbtxt.py``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from cosyvoice_operator.api.spec import (
     QueuePolicySpec,
     ServiceSpec,
 )
+from cosyvoice_operator.render.model_parameters import MODEL_PARAMETERS
 from cosyvoice_operator.render.pbtxt import EnumValue, Value, message_text
 
 MODEL_NAMES: dict[str, tuple[str, ...]] = {
@@ -39,9 +42,9 @@ LLM_BASE_PORT = 8010
 # The model directory the serving entrypoint assembles in the pod (docs/triton-repository.md).
 MODEL_VIEW = "/tmp/model_view"
 LLM_CHAT_PATH = "/v1/chat/completions"
-# The model name the vLLM servers answer to, and the orchestrator asks for (vLLM refuses a
-# chat completion for any other name; trtllm-serve ignores it).
-VLLM_SERVED_MODEL_NAME = "cosyvoice-llm"
+# The LLM servers listen on this address (serving/launch.py binds them to it): the
+# orchestrator's URLs name it rather than "localhost", which may resolve to ::1 first.
+LLM_HOST = "127.0.0.1"
 # Upstream's bls_instance_num, which it runs on a single GPU.
 ORCHESTRATOR_INSTANCES_PER_GPU: dict[str, int] = {"cosyvoice2": 4, "cosyvoice3": 10}
 # Upstream's attention window (run.sh); the KV cache holds one per batch slot.
@@ -112,9 +115,9 @@ def llm_groups(svc: ServiceSpec) -> list[list[int]]:
 
 
 def llm_beside_triton(svc: ServiceSpec) -> bool:
-    """Whether the LLM runs as its own server beside Triton: CosyVoice3's trtllm-serve, or
-    vLLM for either variant. Only CosyVoice2 on TensorRT-LLM keeps it inside Triton."""
-    return svc.model.variant == "cosyvoice3" or svc.model.llm_runtime == "vllm"
+    """Whether the LLM runs as its own server beside Triton: CosyVoice3's trtllm-serve.
+    CosyVoice2 keeps it inside Triton (the ``tensorrt_llm`` model)."""
+    return svc.model.variant == "cosyvoice3"
 
 
 def llm_ports(svc: ServiceSpec) -> list[int]:
@@ -126,7 +129,7 @@ def llm_ports(svc: ServiceSpec) -> list[int]:
 
 def llm_urls(svc: ServiceSpec) -> list[str]:
     """The chat-completions URL of each LLM server, in group order."""
-    return [f"http://localhost:{port}{LLM_CHAT_PATH}" for port in llm_ports(svc)]
+    return [f"http://{LLM_HOST}:{port}{LLM_CHAT_PATH}" for port in llm_ports(svc)]
 
 
 def orchestrator_instances(svc: ServiceSpec) -> int:
@@ -139,14 +142,34 @@ def orchestrator_instances(svc: ServiceSpec) -> int:
     return max(upstream, svc.engine.max_batch_size * len(llm_groups(svc)))
 
 
-def server_environment(svc: ServiceSpec) -> dict[str, str]:
-    """Environment tritonserver needs for this repository.
+# Requests to the LLM servers in the pod never go through a proxy: Python's HTTP clients
+# (httpx, requests, urllib) honour HTTP(S)_PROXY unless NO_PROXY names the host; both
+# spellings, since some read only one.
+NO_PROXY_HOSTS = f"localhost,{LLM_HOST},::1"
 
-    CosyVoice2 on TensorRT-LLM: the TensorRT-LLM backend's orchestrator mode, in which it
-    spawns one executor per ``gpu_device_ids`` entry and Triton core balances requests over
-    them.
+
+def trtllm_orchestrator_mode(svc: ServiceSpec) -> bool:
+    """Whether the TensorRT-LLM backend runs in orchestrator mode: CosyVoice2 with more than
+    one tensor-parallel group in a pod. One group runs in leader mode, as upstream's run.sh
+    starts it (world size 1, no TRTLLM_ORCHESTRATOR)."""
+    return svc.model.variant == "cosyvoice2" and len(llm_groups(svc)) > 1
+
+
+def server_environment(svc: ServiceSpec) -> dict[str, str]:
+    """Environment the serving container needs for this repository.
+
+    Always ``NO_PROXY`` / ``no_proxy`` for the pod's own addresses. CosyVoice2 with several
+    LLM groups: the TensorRT-LLM backend's orchestrator mode (``TRTLLM_ORCHESTRATOR=1``), in
+    which it spawns one executor per ``gpu_device_ids`` entry (``TRTLLM_ORCHESTRATOR_SPAWN_
+    PROCESSES=1``, the backend's default, written out) and Triton core balances requests over
+    them; the serving entrypoint then starts tritonserver under ``mpirun -n 1`` as
+    TensorRT-LLM's launcher does (engine-builder serving/launch.py).
     """
-    return {"TRTLLM_ORCHESTRATOR": "1"} if not llm_beside_triton(svc) else {}
+    env = {"NO_PROXY": NO_PROXY_HOSTS, "no_proxy": NO_PROXY_HOSTS}
+    if trtllm_orchestrator_mode(svc):
+        env["TRTLLM_ORCHESTRATOR"] = "1"
+        env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] = "1"
+    return env
 
 
 # ---- the pieces of a model config ----------------------------------------------------------
@@ -291,9 +314,6 @@ def _orchestrator(svc: ServiceSpec, paths: EnginePaths) -> dict[str, Value]:
         urls = llm_urls(svc)
         params["llm_api_base"] = urls[0]
         params["llm_api_bases"] = ",".join(urls)
-    if svc.model.llm_runtime == "vllm":
-        params["llm_runtime"] = "vllm"
-        params["llm_served_model_name"] = VLLM_SERVED_MODEL_NAME
     queue = svc.serving.queue_policy
     # Per-priority policies need priority levels on the queue clients wait in; without them
     # the orchestrator keeps upstream's single level.
@@ -493,6 +513,11 @@ def _tensorrt_llm(svc: ServiceSpec, paths: EnginePaths) -> dict[str, Value]:
         "parameters": _parameters(
             {
                 "gpt_model_type": "inflight_fused_batching",
+                # Read with no fallback (render/model_parameters.py); empty turns guided
+                # decoding off, which CosyVoice's LLM does not use.
+                "tokenizer_dir": "",
+                "xgrammar_tokenizer_info_path": "",
+                "guided_decoding_backend": "",
                 "gpt_model_path": paths.llm,
                 "gpu_device_ids": gpu_device_ids(svc),
                 "max_beam_width": "1",
@@ -508,28 +533,29 @@ def _tensorrt_llm(svc: ServiceSpec, paths: EnginePaths) -> dict[str, Value]:
 
 
 def model_names(svc: ServiceSpec) -> tuple[str, ...]:
-    """The models of the service's repository: its variant's, less ``tensorrt_llm`` when the
-    LLM runs beside Triton (vLLM)."""
+    """The models of the service's repository: its variant's."""
     _check_variant(svc.model.variant)
-    names = MODEL_NAMES[svc.model.variant]
-    return tuple(n for n in names if n != "tensorrt_llm" or not llm_beside_triton(svc))
+    return MODEL_NAMES[svc.model.variant]
 
 
-def render_repository(
-    svc: ServiceSpec, engine_dir: str, checkpoint_dir: str = ""
-) -> dict[str, str]:
+def parameter_keys(config: dict[str, Value]) -> set[str]:
+    """The parameter keys of one rendered model configuration."""
+    entries = config.get("parameters") or []
+    assert isinstance(entries, list)
+    return {str(entry["key"]) for entry in entries if isinstance(entry, dict)}
+
+
+def render_repository(svc: ServiceSpec, engine_dir: str) -> dict[str, str]:
     """Every model of the service -> its ``config.pbtxt`` text, in :func:`model_names` order.
 
-    ``engine_dir`` is where the engine directory is mounted in the pod (``/engines/<key>``);
-    with vLLM it holds the plans, and ``checkpoint_dir`` the fetched release (its ``model/``
-    directory, tokenizer included).
+    ``engine_dir`` is where the engine directory is mounted in the pod (``/engines/<key>``).
+    Each model's parameters are checked against ``render/model_parameters.py``.
     """
     variant = svc.model.variant
     _check_variant(variant)
     paths = engine_paths(engine_dir)
-    model_paths = engine_paths(checkpoint_dir) if checkpoint_dir else paths
-    models: dict[str, dict[str, Value]] = {orchestrator(variant): _orchestrator(svc, model_paths)}
-    if "tensorrt_llm" in model_names(svc):
+    models: dict[str, dict[str, Value]] = {orchestrator(variant): _orchestrator(svc, paths)}
+    if variant == "cosyvoice2":
         models["tensorrt_llm"] = _tensorrt_llm(svc, paths)
     models["token2wav"] = _token2wav(svc, paths)
     if variant == "cosyvoice3":
@@ -537,4 +563,6 @@ def render_repository(
     models["audio_tokenizer"] = _audio_tokenizer(svc, paths)
     models["speaker_embedding"] = _speaker_embedding(svc, paths)
     assert tuple(models) == model_names(svc)
+    for name, config in models.items():
+        MODEL_PARAMETERS[variant][name].check(name, parameter_keys(config))
     return {name: message_text(config) for name, config in models.items()}

@@ -29,7 +29,6 @@ from typing import Any
 from cosyvoice_operator.api.gpus import GPU_PRODUCT_LABEL, GPU_RESOURCE, GPU_TOLERATION
 from cosyvoice_operator.api.labels import (
     ARCH_LABEL,
-    CHECKPOINT_ANNOTATION,
     COMPONENT_LABEL,
     GROUP,
     HASH_ANNOTATION,
@@ -58,13 +57,6 @@ class ServingSettings:
     """Operator-wide knobs of serving pods (from the operator's configuration)."""
 
     default_image: str = "ghcr.io/cosyvoice-operator/cosyvoice-triton:0.1.0-trtllm0.20.0"
-    # spec.model.llmRuntime vllm: the serving image with vLLM beside Triton
-    # (serving-image/Dockerfile, target vllm).
-    default_vllm_image: str = "ghcr.io/cosyvoice-operator/cosyvoice-triton:0.1.0-vllm"
-    # The share of each GPU a vLLM server may take (vllm serve --gpu-memory-utilization):
-    # the flow estimator and vocoder share the GPU, as with upstream's trtllm-serve, which
-    # takes 0.4 of the free memory for its KV cache.
-    vllm_gpu_memory_utilization: float = 0.4
     # How long a pod may take to load its engines before the startup probe gives up.
     startup_seconds: int = 900
     # How long in-flight streams may run on after a pod is told to stop.
@@ -86,12 +78,9 @@ class ArchServing:
     key: str
     products: tuple[str, ...]
     replicas: int
-    # vLLM: the key of the fetched checkpoint the pods serve the LLM from.
-    checkpoint_key: str = ""
-    # The sha256 of each one's manifest.json as its build wrote it (from the engine
-    # records; "" for a record without one): the pods refuse any other manifest.
+    # The sha256 of the engine's manifest.json as its build wrote it (from the engine
+    # record; "" for a record without one): the pods refuse any other manifest.
     manifest_sha256: str = ""
-    checkpoint_manifest_sha256: str = ""
 
 
 def short(arch: str) -> str:
@@ -150,10 +139,8 @@ def split_replicas(total: int, archs: Sequence[tuple[str, int]]) -> dict[str, in
 
 
 def serving_image(svc: ServiceSpec, settings: ServingSettings) -> str:
-    """The image of the service's serving pods: its own, or the operator's default (the
-    vLLM one with spec.model.llmRuntime vllm)."""
-    vllm = svc.model.llm_runtime == "vllm"
-    return svc.serving.image or (settings.default_vllm_image if vllm else settings.default_image)
+    """The image of the service's serving pods: its own, or the operator's default."""
+    return svc.serving.image or settings.default_image
 
 
 def owner(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -187,12 +174,10 @@ def render_repository(
     arch: str,
     key: str,
     namespace: str,
-    checkpoint_key: str = "",
 ) -> dict[str, Any]:
     """The ConfigMap of one architecture's model repository: `<model>.pbtxt` per model."""
     name = str((body.get("metadata") or {}).get("name"))
-    checkpoint_dir = f"{ENGINES_MOUNT}/{checkpoint_key}" if checkpoint_key else ""
-    configs = triton.render_repository(svc, f"{ENGINES_MOUNT}/{key}", checkpoint_dir)
+    configs = triton.render_repository(svc, f"{ENGINES_MOUNT}/{key}")
     return stamp(
         {
             "apiVersion": "v1",
@@ -242,9 +227,7 @@ def serve_args(
     svc: ServiceSpec,
     key: str,
     settings: ServingSettings,
-    checkpoint_key: str = "",
     manifest_sha256: str = "",
-    checkpoint_manifest_sha256: str = "",
 ) -> list[str]:
     """The serving container's arguments (the serving image's entry point is `cosyvoice-serve`).
 
@@ -280,33 +263,6 @@ def serve_args(
     if triton.llm_beside_triton(svc):
         groups = ";".join(",".join(str(g) for g in grp) for grp in triton.llm_groups(svc))
         args += ["--llm-groups", groups, "--llm-base-port", str(triton.LLM_BASE_PORT)]
-    if svc.model.llm_runtime == "vllm":
-        if not checkpoint_key:
-            raise ValueError("a vLLM service's pods need the key of its fetched checkpoint")
-        # vLLM's settings are flags of its server, not part of any build: changing them
-        # rolls the pods and rebuilds nothing.
-        args += [
-            "--llm-runtime",
-            "vllm",
-            "--checkpoint-dir",
-            f"{ENGINES_MOUNT}/{checkpoint_key}",
-            "--checkpoint-key",
-            checkpoint_key,
-            "--llm-dtype",
-            svc.engine.precision,
-            "--llm-kv-cache-dtype",
-            svc.engine.kv_cache_type,
-            "--llm-max-batch-size",
-            str(svc.engine.max_batch_size),
-            "--llm-max-num-tokens",
-            str(svc.engine.max_num_tokens),
-            "--llm-gpu-memory-utilization",
-            f"{settings.vllm_gpu_memory_utilization:g}",
-            "--llm-served-model-name",
-            triton.VLLM_SERVED_MODEL_NAME,
-        ]
-        if checkpoint_manifest_sha256:
-            args += ["--checkpoint-manifest-sha256", checkpoint_manifest_sha256]
     return args
 
 
@@ -319,9 +275,7 @@ def render_architecture(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One architecture's repository ConfigMap and its Deployment, whose pod template carries
     the repository's hash (a new repository rolls the pods)."""
-    repo = render_repository(
-        body, svc, target.gpu_arch, target.key, namespace, target.checkpoint_key
-    )
+    repo = render_repository(body, svc, target.gpu_arch, target.key, namespace)
     digest = hashlib.sha256(json.dumps(repo["data"], sort_keys=True).encode()).hexdigest()[:16]
     return repo, render_deployment(body, svc, target, namespace, settings, digest)
 
@@ -345,14 +299,7 @@ def render_deployment(
                 "name": deployment_name(name, target.gpu_arch),
                 "namespace": namespace,
                 "labels": labels,
-                "annotations": {
-                    SERVED_KEY_ANNOTATION: target.key,
-                    **(
-                        {CHECKPOINT_ANNOTATION: target.checkpoint_key}
-                        if target.checkpoint_key
-                        else {}
-                    ),
-                },
+                "annotations": {SERVED_KEY_ANNOTATION: target.key},
                 "ownerReferences": [owner(body)],
             },
             "spec": {
@@ -446,14 +393,7 @@ def _container(svc: ServiceSpec, target: ArchServing, settings: ServingSettings)
         "name": CONTAINER,
         "image": serving_image(svc, settings),
         "imagePullPolicy": "IfNotPresent",
-        "args": serve_args(
-            svc,
-            target.key,
-            settings,
-            target.checkpoint_key,
-            target.manifest_sha256,
-            target.checkpoint_manifest_sha256,
-        ),
+        "args": serve_args(svc, target.key, settings, target.manifest_sha256),
         "ports": ports,
         "env": [
             {"name": "HOME", "value": "/tmp"},
@@ -502,17 +442,6 @@ def _engine_mounts(target: ArchServing) -> list[dict[str, Any]]:
             "readOnly": True,
         },
     ]
-    if target.checkpoint_key:
-        # vLLM: the fetched release (the LLM's Hugging Face checkpoint), shared by every
-        # architecture, from the same cache claim.
-        mounts.append(
-            {
-                "name": "engines",
-                "mountPath": f"{ENGINES_MOUNT}/{target.checkpoint_key}",
-                "subPath": target.checkpoint_key,
-                "readOnly": True,
-            }
-        )
     return mounts
 
 

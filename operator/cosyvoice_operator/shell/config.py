@@ -96,16 +96,17 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
     serving_defaults = ServingSettings()
     serving = ServingSettings(
         default_image=env.get("COSYVOICE_SERVING_IMAGE") or serving_defaults.default_image,
-        default_vllm_image=env.get("COSYVOICE_VLLM_IMAGE") or serving_defaults.default_vllm_image,
         network_policy=_bool(env, "COSYVOICE_NETWORK_POLICY", serving_defaults.network_policy),
         scraper_namespace_labels=_labels(env, "COSYVOICE_NETWORK_POLICY_SCRAPER_NAMESPACE_LABELS"),
     )
     _check_allowed("COSYVOICE_SERVING_IMAGE", serving.default_image, prefixes)
     if env.get("COSYVOICE_VLLM_IMAGE"):
-        # Set, it must be allowed; the built-in default, when outside the list, only keeps
-        # vLLM services from deploying (they say ImageNotAllowed) instead of the operator
-        # from starting, as most installs serve no vLLM.
-        _check_allowed("COSYVOICE_VLLM_IMAGE", serving.default_vllm_image, prefixes)
+        # Services may not ask for vLLM (spec.model.llmRuntime, issue 19 item 9): an image
+        # for it would be a setting nothing reads.
+        raise ConfigError(
+            "COSYVOICE_VLLM_IMAGE: vLLM is not served yet (spec.model.llmRuntime vllm is "
+            "refused until a vLLM serving image exists); unset it"
+        )
     prometheus_url = env.get("COSYVOICE_PROMETHEUS_URL", "")
     if prometheus_url:
         _check_url("COSYVOICE_PROMETHEUS_URL", prometheus_url)

@@ -112,7 +112,6 @@ CHANGES_KEY: list[tuple[str, dict[str, Any]]] = [
     ("kv-cache-int8", raw_spec(engine={"kvCacheType": "int8"})),
     ("kv-cache-fp8", raw_spec(engine={"kvCacheType": "fp8"})),
     ("smoothquant", raw_spec(engine={"precision": "int8-smoothquant"})),
-    ("llm-runtime", raw_spec(model={"llmRuntime": "vllm"})),
 ]
 
 
@@ -537,82 +536,6 @@ def test_smoothquant_options_enter_the_key() -> None:
         assert _key(other) != _key(base), change
     ident = engine_identity.identity(spec.parse(base), "sm_90", DEFAULT_IMAGE)
     assert ident.smooth_quant == "alpha=0.5,per_token,per_channel"
-
-
-def test_vllm_plans_are_per_architecture_and_ignore_llm_settings() -> None:
-    vllm = raw_spec(model={"llmRuntime": "vllm"})
-    assert _key(vllm, "sm_89") != _key(vllm, "sm_90")
-    # vLLM's dtype, KV cache, parallelism and limits are server flags: no rebuild.
-    for engine_change in (
-        {"precision": "float16"},
-        {"kvCacheType": "fp8"},
-        {"maxBatchSize": 64, "maxNumTokens": 4096},
-    ):
-        assert _key(raw_spec(model={"llmRuntime": "vllm"}, engine=engine_change)) == _key(vllm)
-    ident = engine_identity.identity(spec.parse(vllm), "sm_90", DEFAULT_IMAGE)
-    assert (ident.artifact, ident.llm_runtime, ident.precision) == ("plans", "vllm", "none")
-    assert not ident.has_llm_engine
-
-
-def test_vllm_plan_has_one_architecture_free_checkpoint() -> None:
-    s = service(
-        model={"llmRuntime": "vllm"},
-        engine={"gpuProducts": ["NVIDIA-L20", "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"]},
-    )
-    p = engine_identity.plan(s, [], DEFAULT_IMAGE)
-    assert _targets(p) == {
-        "sm_80": {"NVIDIA-A100-SXM4-80GB"},
-        "sm_89": {"NVIDIA-L20"},
-        "sm_90": {"NVIDIA-H100-80GB-HBM3"},
-    }
-    assert p.checkpoint is not None
-    ckpt = p.checkpoint.identity
-    assert (ckpt.artifact, ckpt.gpu_arch) == ("checkpoint", "")
-    assert ckpt.short_name == f"ckpt-{ckpt.key[:20]}"
-    assert set(p.checkpoint.products) == {
-        "NVIDIA-L20",
-        "NVIDIA-H100-80GB-HBM3",
-        "NVIDIA-A100-SXM4-80GB",
-    }
-    assert p.builds == (*p.targets, p.checkpoint)
-    # The same checkpoint whatever the products: a new GPU type fetches nothing again.
-    only_l20 = engine_identity.plan(
-        service(model={"llmRuntime": "vllm"}, engine={"gpuProducts": ["NVIDIA-L20"]}),
-        [],
-        DEFAULT_IMAGE,
-    )
-    assert only_l20.checkpoint is not None and only_l20.checkpoint.key == p.checkpoint.key
-    # No checkpoint without vLLM, and none while no architecture is served.
-    assert (
-        engine_identity.plan(
-            service(engine={"gpuProducts": ["NVIDIA-L20"]}), [], DEFAULT_IMAGE
-        ).checkpoint
-        is None
-    )
-    assert (
-        engine_identity.plan(service(model={"llmRuntime": "vllm"}), [], DEFAULT_IMAGE).checkpoint
-        is None
-    )
-
-
-def test_checkpoint_key_follows_the_release_not_vllm_settings() -> None:
-    def ckpt(**sections: Any) -> str:
-        ident = engine_identity.checkpoint_identity(service(**sections), DEFAULT_IMAGE)
-        assert ident is not None
-        return ident.key
-
-    base = ckpt(model={"llmRuntime": "vllm"})
-    assert ckpt(model={"llmRuntime": "vllm", "revision": "abc"}) != base
-    assert ckpt(model={"llmRuntime": "vllm", "variant": "cosyvoice2"}) != base
-    assert ckpt(model={"llmRuntime": "vllm"}, engine={"precision": "float16"}) == base
-    assert (
-        ckpt(
-            model={"llmRuntime": "vllm"},
-            engine={"tensorParallelSize": 2},
-            serving={"gpusPerReplica": 2},
-        )
-        == base
-    )
 
 
 @pytest.mark.parametrize(("kv", "arch", "ok"), KV_CACHE_ARCH_CASES)

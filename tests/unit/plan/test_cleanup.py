@@ -178,12 +178,11 @@ def test_an_engine_whose_claim_is_gone_loses_its_record_without_a_cleanup_job() 
 
 
 def test_running_builds_of_the_new_identities_are_not_superseded() -> None:
-    """The identity annotation round-trips the new fields: a build of an int8 KV cache, a
-    SmoothQuant engine, vLLM's plans or its checkpoint is still wanted by its service."""
+    """The identity annotation round-trips the new fields: a build of an int8 KV cache or a
+    SmoothQuant engine is still wanted by its service."""
     cases: list[dict[str, Any]] = [
         {"engine": {"kvCacheType": "int8"}},
         {"engine": {"precision": "int8-smoothquant", "smoothQuant": {"alpha": 0.7}}},
-        {"model": {"llmRuntime": "vllm"}},
     ]
     for spec in cases:
         body = svc_body(**spec)
@@ -197,24 +196,6 @@ def test_running_builds_of_the_new_identities_are_not_superseded() -> None:
         )
         assert not [e for e in result.effects if isinstance(e, DeleteObject)], spec
         assert result.superseded == {}, spec
-    # A vLLM service wants its checkpoint: its record is referenced, never marked.
-    svc = service(serving=L20, model={"llmRuntime": "vllm"})
-    checkpoint = engine_identity.checkpoint_identity(svc, POLICY.build.default_builder_image)
-    assert checkpoint is not None
-    result = plan([svc_body(model={"llmRuntime": "vllm"})], records=[rec(checkpoint)])
-    assert result.effects == ()
-
-
-def test_an_unreferenced_checkpoint_is_removed_by_a_cleanup_job_named_for_it() -> None:
-    svc = service(serving=L20, model={"llmRuntime": "vllm"})
-    checkpoint = engine_identity.checkpoint_identity(svc, POLICY.build.default_builder_image)
-    assert checkpoint is not None
-    removing = rec(checkpoint, **{labels.REMOVING_ANNOTATION: conditions.timestamp(T0)})
-    result = plan([], records=[removing], now=T0 + DAY)
-    [made] = [e for e in result.effects if isinstance(e, CreateObject)]
-    assert made.body["metadata"]["name"] == (
-        f"cvs-engine-gc-ckpt-{checkpoint.key[:20]}-{CACHE.tag}"
-    )
 
 
 # ---- issue 21: forged records, malformed services -----------------------------------------

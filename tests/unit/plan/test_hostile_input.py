@@ -20,10 +20,7 @@ from tests.unit.world import FakeWorld
 
 L20 = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L20"}}
 ALLOWED = ("registry.corp.example/",)
-IMAGES = ServingSettings(
-    default_image="registry.corp.example/triton:1",
-    default_vllm_image="registry.corp.example/triton:1-vllm",
-)
+IMAGES = ServingSettings(default_image="registry.corp.example/triton:1")
 BUILDER = "registry.corp.example/builder:1"
 
 
@@ -107,18 +104,6 @@ def test_a_deployment_made_before_keeps_serving_with_only_its_replicas_following
     [scale] = [e for e in step.workloads if isinstance(e, PatchObject)]
     assert scale.patch == {"spec": {"replicas": 3}}
     assert condition(step, "Progressing")["reason"] == "ImageNotAllowed"
-
-
-def test_the_vllm_default_image_is_checked_like_the_others() -> None:
-    """H3: the vLLM default image escaped both controls."""
-    outside = ServingSettings(
-        default_image="registry.corp.example/triton:1",
-        default_vllm_image="ghcr.io/cosyvoice-operator/cosyvoice-triton:0.1.0-vllm",
-    )
-    b = body(model={"llmRuntime": "vllm"}, engine={"precision": "float16"})
-    step = plan_service(b, built_world(b), T0, policy(serving=outside))
-    assert applied(step, "Deployment") == []
-    assert "ghcr.io/cosyvoice-operator" in condition(step, "Progressing")["message"]
 
 
 # ---- limits (M3) ---------------------------------------------------------------------------
@@ -330,6 +315,3 @@ def test_companion_pins_enter_the_key_of_their_release_only() -> None:
 
     parsed = cli.build_parser().parse_args(args)
     assert parsed.companion_revision == [f"{LLM_HF}={'a' * 40}"]
-    vllm = service(serving=L20, model={"llmRuntime": "vllm"}, engine={"precision": "float16"})
-    checkpoint = engine_identity.checkpoint_identity(vllm, BUILDER, PINS)
-    assert checkpoint is not None and "--companion-revision" in builder_args(checkpoint)

@@ -104,21 +104,3 @@ def test_only_a_successful_builders_well_formed_digest_is_taken() -> None:
     assert engine_state.built_manifest_sha256([_finished({})]) == ""
     fallback = pod(phase="Failed", termination_message="Traceback ...")
     assert engine_state.built_manifest_sha256([fallback]) == ""
-
-
-def test_the_vllm_checkpoint_digest_reaches_the_pods_too() -> None:
-    b = _body(model={"llmRuntime": "vllm"})
-    world = FakeWorld()
-    digests = {}
-    for target in _targets(b, world):
-        rec = record(target.identity, f"job-{target.key[:6]}", T0)
-        digests[target.key] = hashlib.sha256(target.key.encode()).hexdigest()
-        rec["data"]["manifestSha256"] = digests[target.key]
-        world.records[build_job.record_name(target.identity, CACHE)] = rec
-    args = _serve_args(plan_service(b, world, T0, Policy()).workloads)
-    key = args[args.index("--key") + 1]
-    checkpoint = args[args.index("--checkpoint-key") + 1]
-    assert args[args.index("--manifest-sha256") + 1] == digests[key]
-    assert args[args.index("--checkpoint-manifest-sha256") + 1] == digests[checkpoint]
-    options = ServeOptions.from_args(build_parser().parse_args(args))
-    assert options.checkpoint_manifest_sha256 == digests[checkpoint]

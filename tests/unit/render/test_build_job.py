@@ -778,7 +778,7 @@ def test_cleanup_job_refuses_a_key_that_is_not_a_content_key(key: str) -> None:
         _cleanup(key)
 
 
-# ---- the levers: KV cache, SmoothQuant, vLLM's plans and checkpoint ------------------------
+# ---- the levers: KV cache, SmoothQuant -------------------------------------------------------
 
 
 def test_builder_args_carry_the_kv_cache_and_smoothquant_options() -> None:
@@ -801,68 +801,3 @@ def test_builder_args_carry_the_kv_cache_and_smoothquant_options() -> None:
     assert request.smooth_quant is not None
     assert (request.smooth_quant.alpha, request.smooth_quant.per_token) == (0.75, True)
     assert request.smooth_quant.per_channel is False
-
-
-def test_vllm_plans_job_builds_only_the_plans_on_one_gpu() -> None:
-    cli = builder_module("cli")
-    svc = service(
-        model={"llmRuntime": "vllm"},
-        engine={"tensorParallelSize": 2, "gpuProducts": ["NVIDIA-H100-80GB-HBM3"]},
-        serving={"gpusPerReplica": 2},
-    )
-    plan = engine_identity.plan(svc, [], "img:builder")
-    (target,) = plan.targets
-    job = build_job.render_job(target, svc, "tts", 1, BuildSettings(), CACHE)
-    container = _container(job)
-    args = container["args"]
-    assert args[0] == "build"
-    assert _flag(args, "--llm-runtime") == "vllm"
-    assert "--precision" not in args and "--tensor-parallel-size" not in args
-    # The plans need one GPU of the architecture, whatever vLLM's tensor parallelism.
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    request = cli._request(cli.build_parser().parse_args(args))
-    assert request.artifact.value == "plans"
-
-
-def test_the_prefetch_job_does_not_take_the_services_tolerations() -> None:
-    """Issue 21 L5: without the GPU-node affinity, `operator: Exists` would let the download
-    run on any tainted node, the control plane's included."""
-    svc = service(
-        model={"llmRuntime": "vllm"},
-        engine={"precision": "float16", "gpuProducts": ["NVIDIA-L20"]},
-        serving={"tolerations": [{"operator": "Exists"}]},
-    )
-    plan = engine_identity.plan(svc, [], "img:1")
-    assert plan.checkpoint is not None
-    job = build_job.render_job(plan.checkpoint, svc, "tts", 1, BuildSettings(), CACHE)
-    pod = job["spec"]["template"]["spec"]
-    assert pod["tolerations"] == [dict(gpus.GPU_TOLERATION)] and "affinity" not in pod
-    # The GPU build Jobs keep them (they stay on the products' nodes by affinity).
-    [target] = plan.builds[:1]
-    built = build_job.render_job(target, svc, "tts", 1, BuildSettings(), CACHE)
-    assert {"operator": "Exists"} in built["spec"]["template"]["spec"]["tolerations"]
-
-
-def test_vllm_prefetch_job_needs_no_gpu_and_no_gpu_node() -> None:
-    cli = builder_module("cli")
-    svc = service(
-        model={"llmRuntime": "vllm"},
-        engine={"gpuProducts": ["NVIDIA-L20", "NVIDIA-H100-80GB-HBM3"]},
-    )
-    plan = engine_identity.plan(svc, [], "img:builder")
-    assert plan.checkpoint is not None
-    job = build_job.render_job(plan.checkpoint, svc, "tts", 1, BuildSettings(), CACHE)
-    ident = plan.checkpoint.identity
-    assert job["metadata"]["name"] == f"cvs-engine-ckpt-{ident.key[:20]}-{CACHE.tag}-a1"
-    assert job["metadata"]["labels"]["tts.cosyvoice.dev/engine-key"] == ident.key
-    container = _container(job)
-    assert container["args"][0] == "prefetch"
-    assert "--gpu-arch" not in container["args"]
-    assert "nvidia.com/gpu" not in container["resources"]["requests"]
-    assert "nvidia.com/gpu" not in container["resources"]["limits"]
-    assert "affinity" not in _pod_spec(job)
-    request = cli._request(cli.build_parser().parse_args(container["args"]))
-    assert request.artifact.value == "checkpoint"
-    assert request.key == ident.key
-    identity_note = json.loads(job["metadata"]["annotations"]["tts.cosyvoice.dev/engine-identity"])
-    assert identity_note["artifact"] == "checkpoint" and identity_note["gpuArch"] == ""

@@ -1,7 +1,6 @@
 """The article's levers as service options (issue 14), end to end through the pure core:
-the spec (defaults, refusals naming the field), what Triton is given (queue policy, stream
-chunking, vLLM's URLs), the serving pods (vLLM's servers and checkpoint), and the lifecycle
-of vLLM's architecture-free checkpoint (prefetched once, gating every architecture)."""
+the spec (defaults, refusals naming the field, vLLM refused until it can serve: issue 19,
+item 9) and what Triton is given (queue policy, stream chunking)."""
 
 from __future__ import annotations
 
@@ -14,15 +13,12 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from cosyvoice_operator.api import engine_identity, labels, spec
-from cosyvoice_operator.api.effects import ApplyObject, CreateObject
+from cosyvoice_operator.api import spec
 from cosyvoice_operator.cli.main import main
-from cosyvoice_operator.plan import engine_state, engine_status
-from cosyvoice_operator.plan.service import WARNING_REASONS, Policy, plan_service
-from cosyvoice_operator.render import build_job, triton, workloads
-from cosyvoice_operator.render.workloads import ArchServing, ServingSettings
-from tests.unit.objects import CACHE, T0, job, raw_spec, record, service
-from tests.unit.world import FakeWorld
+from cosyvoice_operator.plan.service import WARNING_REASONS, Policy
+from cosyvoice_operator.render import triton, workloads
+from cosyvoice_operator.render.workloads import ServingSettings
+from tests.unit.objects import raw_spec, service
 
 ENGINE_DIR = "/engines/" + "e" * 40
 CHECKPOINT_DIR = "/engines/" + "c" * 40
@@ -82,14 +78,9 @@ def test_the_full_set_of_levers_parses() -> None:
     ("sections", "field", "words"),
     [
         (
-            {"model": {"llmRuntime": "vllm"}, "engine": {"precision": "fp8"}},
-            "spec.engine.precision",
-            "with spec.model.llmRuntime vllm use bfloat16 or float16",
-        ),
-        (
-            {"model": {"llmRuntime": "vllm"}, "engine": {"kvCacheType": "int8"}},
-            "spec.engine.kvCacheType",
-            "vLLM quantizes its KV cache to fp8 only",
+            {"model": {"llmRuntime": "vllm"}},
+            "spec.model.llmRuntime",
+            "vllm is not served yet: there is no vLLM serving image",
         ),
         (
             {"engine": {"precision": "fp8", "kvCacheType": "int8"}},
@@ -241,192 +232,9 @@ def test_stream_chunking_reaches_the_orchestrator(
     assert {k: got[k] for k in got if k in ("dynamic_chunk_strategy", "token_hop_len")} == expected
 
 
-# ---- Triton and the pod with vLLM ------------------------------------------------------------
-
-
-def test_vllm_cosyvoice2_has_no_tensorrt_llm_model_and_calls_the_servers() -> None:
-    svc = service(
-        model={
-            "variant": "cosyvoice2",
-            "uri": "hf://FunAudioLLM/CosyVoice2-0.5B",
-            "llmRuntime": "vllm",
-        },
-        engine={"tensorParallelSize": 2},
-        serving={"gpusPerReplica": 4},
-    )
-    repository = triton.render_repository(svc, ENGINE_DIR, CHECKPOINT_DIR)
-    assert tuple(repository) == (
-        "cosyvoice2",
-        "token2wav",
-        "audio_tokenizer",
-        "speaker_embedding",
-    )
-    orchestrator = params(parse_config(repository["cosyvoice2"]))
-    assert orchestrator["llm_api_base"] == "http://localhost:8010/v1/chat/completions"
-    assert orchestrator["llm_api_bases"] == (
-        "http://localhost:8010/v1/chat/completions,http://localhost:8011/v1/chat/completions"
-    )
-    assert orchestrator["llm_runtime"] == "vllm"
-    assert orchestrator["llm_served_model_name"] == "cosyvoice-llm"
-    # The tokenizer is the checkpoint's; the plans stay in the architecture's directory.
-    assert orchestrator["llm_tokenizer_dir"] == f"{CHECKPOINT_DIR}/model/llm"
-    assert params(parse_config(repository["token2wav"]))["plans_dir"] == f"{ENGINE_DIR}/plans"
-    assert triton.server_environment(svc) == {}
-
-
-def test_vllm_pod_runs_a_server_per_group_on_the_mounted_checkpoint() -> None:
-    svc = service(
-        model={"llmRuntime": "vllm"},
-        engine={"precision": "float16", "kvCacheType": "fp8", "tensorParallelSize": 2},
-        serving={"gpusPerReplica": 4},
-    )
-    body = {
-        "apiVersion": "tts.cosyvoice.dev/v1alpha1",
-        "kind": "CosyVoiceService",
-        "metadata": {"name": "tts", "namespace": "ml", "uid": "u"},
-        "spec": {},
-    }
-    plans, ckpt = "p" * 40, "c" * 40
-    repo, deployment = workloads.render_architecture(
-        body,
-        svc,
-        ArchServing("sm_90", plans, ("NVIDIA-H100-80GB-HBM3",), 1, ckpt),
-        "ml",
-        ServingSettings(),
-    )
-    assert f"{workloads.ENGINES_MOUNT}/{ckpt}/model/llm" in repo["data"]["cosyvoice3.pbtxt"]
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == ServingSettings().default_vllm_image
-    args = container["args"]
-
-    def flag(name: str) -> str:
-        return str(args[args.index(name) + 1])
-
-    assert flag("--llm-runtime") == "vllm"
-    assert flag("--checkpoint-dir") == f"/engines/{ckpt}"
-    assert flag("--checkpoint-key") == ckpt
-    assert flag("--llm-groups") == "0,1;2,3"
-    assert (flag("--llm-dtype"), flag("--llm-kv-cache-dtype")) == ("float16", "fp8")
-    assert (flag("--llm-max-batch-size"), flag("--llm-max-num-tokens")) == ("16", "32768")
-    assert flag("--llm-gpu-memory-utilization") == "0.4"
-    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    assert mounts[f"/engines/{ckpt}"] == {
-        "name": "engines",
-        "mountPath": f"/engines/{ckpt}",
-        "subPath": ckpt,
-        "readOnly": True,
-    }
-    assert mounts[f"/engines/{plans}"]["subPath"] == plans
-    # Each vLLM server's port is named, for its /metrics (a PodMonitor scrapes them).
-    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert (ports["llm-0"], ports["llm-1"]) == (8010, 8011)
-    assert deployment["metadata"]["annotations"][labels.CHECKPOINT_ANNOTATION] == ckpt
-
-
-def test_a_tensorrt_llm_pod_is_unchanged_by_the_new_arguments() -> None:
-    svc = service()
-    args = workloads.serve_args(svc, "k" * 40, ServingSettings())
+def test_a_tensorrt_llm_pod_gets_no_vllm_arguments() -> None:
+    args = workloads.serve_args(service(), "k" * 40, ServingSettings())
     assert "--llm-runtime" not in args and "--checkpoint-dir" not in args
-    with pytest.raises(ValueError, match="checkpoint"):
-        workloads.serve_args(service(model={"llmRuntime": "vllm"}), "k" * 40, ServingSettings())
-
-
-# ---- the lifecycle of vLLM's checkpoint ------------------------------------------------------
-
-
-def vllm_body() -> dict[str, Any]:
-    return {
-        "apiVersion": "tts.cosyvoice.dev/v1alpha1",
-        "kind": "CosyVoiceService",
-        "metadata": {
-            "name": "svc",
-            "namespace": "ml",
-            "uid": "svc-uid",
-            "generation": 1,
-            "resourceVersion": "7",
-        },
-        "spec": raw_spec(model={"llmRuntime": "vllm"}, serving=L20, replicas=1),
-        "status": {},
-    }
-
-
-def _plan() -> engine_identity.EnginePlan:
-    svc = service(model={"llmRuntime": "vllm"}, serving=L20)
-    return engine_identity.plan(svc, FakeWorld().gpu_nodes(), POLICY.build.default_builder_image)
-
-
-def test_a_vllm_service_prefetches_its_checkpoint_beside_the_plans_build() -> None:
-    step = plan_service(vllm_body(), FakeWorld(), T0, POLICY)
-    jobs = [c.body for c in step.creates if isinstance(c, CreateObject)]
-    assert [j["spec"]["template"]["spec"]["containers"][0]["args"][0] for j in jobs] == [
-        "build",
-        "prefetch",
-    ]
-    plan = _plan()
-    assert plan.checkpoint is not None
-    assert {ref.key for ref in step.wants} == {plan.targets[0].key, plan.checkpoint.key}
-    assert step.status is not None
-    entries = step.status.changes["engines"]
-    assert [(e["gpuProduct"], e.get("artifact")) for e in entries] == [
-        ("", "checkpoint"),
-        ("NVIDIA-L20", None),
-    ]
-
-
-def test_plans_ready_but_checkpoint_not_yet_deploys_nothing() -> None:
-    plan = _plan()
-    assert plan.checkpoint is not None
-    plans = plan.targets[0].identity
-    world = FakeWorld()
-    built = job(plans, 1, complete_at=T0)
-    world.job_list.append(built)
-    world.records[build_job.record_name(plans, CACHE)] = record(
-        plans, built["metadata"]["name"], T0
-    )
-    world.job_list.append(job(plan.checkpoint.identity, 1))  # still fetching
-    step = plan_service(vllm_body(), world, T0, POLICY)
-    assert not [w for w in step.workloads if isinstance(w, ApplyObject)]
-    assert step.status is not None
-    ready = next(c for c in step.status.changes["conditions"] if c["type"] == "EngineReady")
-    assert ready["status"] == "False"
-    assert step.status.changes["engineSummary"] == "Building 1/2"
-
-
-def test_with_both_ready_the_deployment_serves_from_the_checkpoint() -> None:
-    plan = _plan()
-    assert plan.checkpoint is not None
-    world = FakeWorld()
-    for ident in (plan.targets[0].identity, plan.checkpoint.identity):
-        world.records[build_job.record_name(ident, CACHE)] = record(ident, "j-a1", T0)
-    step = plan_service(vllm_body(), world, T0, POLICY)
-    deployments = [
-        w.body
-        for w in step.workloads
-        if isinstance(w, ApplyObject) and w.body["kind"] == "Deployment"
-    ]
-    assert len(deployments) == 1
-    args = deployments[0]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[args.index("--checkpoint-key") + 1] == plan.checkpoint.key
-    # The cleanup keeps both while they are served.
-    assert step.served_keys == {plan.targets[0].key, plan.checkpoint.key}
-    assert step.status is not None
-    ready = next(c for c in step.status.changes["conditions"] if c["type"] == "EngineReady")
-    assert ready["status"] == "True"
-    assert "the vLLM checkpoint" in ready["message"]
-
-
-def test_status_summary_counts_the_checkpoint() -> None:
-    plan = _plan()
-    assert plan.checkpoint is not None
-    states = {
-        plan.targets[0].key: engine_state.EngineState("Ready", "built"),
-        plan.checkpoint.key: engine_state.EngineState("Failed", "fetch failed: 401"),
-    }
-    new = engine_status.engine_status(plan, states, [], None, {}, 1, T0)
-    assert new["engineSummary"] == "Failed 1/2"
-    ready = next(c for c in new["conditions"] if c["type"] == "EngineReady")
-    assert (ready["status"], ready["reason"]) == ("False", "BuildFailed")
-    assert ready["message"] == "fetch failed: 401"
 
 
 def test_the_kv_cache_refusal_is_a_warning_reason() -> None:
@@ -447,20 +255,6 @@ def _render(tmp_path: Path, capsys: pytest.CaptureFixture[str], **sections: Any)
     path.write_text(yaml.safe_dump(doc))
     assert main(["render", "-f", str(path), "--gpu-product", "NVIDIA-L20"]) == 0
     return list(yaml.safe_load_all(capsys.readouterr().out))
-
-
-def test_render_shows_the_vllm_prefetch_job_and_pods(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    docs = _render(tmp_path, capsys, model={"llmRuntime": "vllm"})
-    jobs = [d for d in docs if d["kind"] == "Job"]
-    assert [j["spec"]["template"]["spec"]["containers"][0]["args"][0] for j in jobs] == [
-        "build",
-        "prefetch",
-    ]
-    [dep] = [d for d in docs if d["kind"] == "Deployment"]
-    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--llm-runtime" in args and "--checkpoint-dir" in args
 
 
 def test_render_shows_the_queue_policy_and_chunking_in_the_repository(

@@ -20,6 +20,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from cosyvoice_engine_builder import layout as builder_layout
 from cosyvoice_operator.api import spec
 from cosyvoice_operator.render import triton
+from cosyvoice_operator.render.model_parameters import TRTLLM_UNGUARDED_PARAMETERS
 from tests.unit.objects import service
 
 GOLDEN = Path(__file__).parent / "golden" / "triton"
@@ -259,8 +260,23 @@ def test_tensor_parallel_groups(
 
 
 def test_server_environment_selects_the_trtllm_orchestrator_mode() -> None:
-    assert triton.server_environment(svc_of("cosyvoice2")) == {"TRTLLM_ORCHESTRATOR": "1"}
-    assert triton.server_environment(svc_of("cosyvoice3")) == {}
+    """Leader mode (no TRTLLM_ORCHESTRATOR) for one LLM group, as upstream's run.sh; the
+    orchestrator mode, processes spawned, for several (issue 19, item 8). NO_PROXY always."""
+    no_proxy = {"NO_PROXY": triton.NO_PROXY_HOSTS, "no_proxy": triton.NO_PROXY_HOSTS}
+    assert triton.server_environment(svc_of("cosyvoice2")) == no_proxy
+    two_groups = svc_of("cosyvoice2", serving={"gpusPerReplica": 2})
+    assert triton.server_environment(two_groups) == {
+        **no_proxy,
+        "TRTLLM_ORCHESTRATOR": "1",
+        "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1",
+    }
+    # One group of two GPUs (tensor parallel) is still one instance: leader mode.
+    tp2 = svc_of("cosyvoice2", serving={"gpusPerReplica": 2}, engine={"tensorParallelSize": 2})
+    assert triton.server_environment(tp2) == no_proxy
+    cv3 = svc_of("cosyvoice3", serving={"gpusPerReplica": 2})
+    assert triton.server_environment(cv3) == no_proxy
+    for host in ("localhost", "127.0.0.1"):
+        assert host in triton.NO_PROXY_HOSTS.split(",")
 
 
 # ---- the trtllm-serve side of CosyVoice3 ---------------------------------------------------
@@ -279,7 +295,7 @@ def test_llm_ports_and_urls(gpus: int, tp: int, ports: list[int]) -> None:
     assert triton.llm_ports(svc_of("cosyvoice2", **sections)) == []
     cv3 = svc_of("cosyvoice3", **sections)
     assert triton.llm_ports(cv3) == ports
-    urls = [f"http://localhost:{p}/v1/chat/completions" for p in ports]
+    urls = [f"http://127.0.0.1:{p}/v1/chat/completions" for p in ports]
     assert triton.llm_urls(cv3) == urls
     p = params(rendered(cv3)["cosyvoice3"])
     assert p["llm_api_base"] == urls[0]  # upstream's key: the first group
@@ -376,7 +392,9 @@ def test_paths_point_inside_the_engine_directory(variant: str) -> None:
     configs = rendered(svc_of(variant))
     for name, config in configs.items():
         for key, value in params(config).items():
-            if key == "model_dir":
+            if key in TRTLLM_UNGUARDED_PARAMETERS and key != "gpt_model_type":
+                assert value == "", (name, key, value)  # guided decoding off
+            elif key == "model_dir":
                 # The view the serving entrypoint assembles over the engine's model/ files.
                 assert value == triton.MODEL_VIEW, (name, value)
             elif key.endswith(("_dir", "_path", "_manifest")) and key != "executor_worker_path":

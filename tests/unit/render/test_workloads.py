@@ -296,9 +296,8 @@ def test_a_replica_count_changed_behind_the_operators_back_is_set_again() -> Non
     [
         {"variant": "cosyvoice2"},
         {"variant": "cosyvoice3"},
-        {"variant": "cosyvoice3", "llmRuntime": "vllm"},
     ],
-    ids=["cosyvoice2", "cosyvoice3", "cosyvoice3-vllm"],
+    ids=["cosyvoice2", "cosyvoice3"],
 )
 def test_the_pod_parses_the_rendered_arguments_as_the_operator_means_them(
     model: dict[str, str],
@@ -313,7 +312,7 @@ def test_the_pod_parses_the_rendered_arguments_as_the_operator_means_them(
     from cosyvoice_operator.render import triton
 
     svc = service(model=model)
-    args = workloads.serve_args(svc, "k" * 40, ServingSettings(), checkpoint_key="c" * 40)
+    args = workloads.serve_args(svc, "k" * 40, ServingSettings())
     options = ServeOptions.from_args(build_parser().parse_args(args))
     assert str(options.model_view) == triton.MODEL_VIEW
     assert options.variant == svc.model.variant
@@ -324,7 +323,7 @@ def test_the_pod_parses_the_rendered_arguments_as_the_operator_means_them(
         workloads.GRPC_PORT,
         workloads.METRICS_PORT,
     )
-    assert options.vllm == (svc.model.llm_runtime == "vllm")
+    assert not options.vllm
     model_dirs = set()
     for text in triton.render_repository(svc, str(options.engine_dir)).values():
         config = text_format.Parse(text, mc.ModelConfig())

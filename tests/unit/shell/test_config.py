@@ -237,20 +237,17 @@ def test_retry_base_must_be_a_finite_non_negative_number(raw: str) -> None:
 # ---- issue 21 -------------------------------------------------------------------------------
 
 
-def test_the_vllm_default_image_is_a_setting_checked_like_the_others() -> None:
-    """H3: it could not be configured, and escaped the allowlist."""
+def test_a_vllm_default_image_is_refused_while_vllm_is_not_served() -> None:
+    """Issue 19, item 9: spec.model.llmRuntime vllm is refused, so an image for it would be
+    a setting nothing reads."""
     env = {
         "COSYVOICE_ALLOWED_IMAGE_PREFIXES": "registry.corp.example/",
         "COSYVOICE_BUILDER_IMAGE": "registry.corp.example/builder:1",
         "COSYVOICE_SERVING_IMAGE": "registry.corp.example/triton:1",
     }
-    with pytest.raises(ConfigError, match="COSYVOICE_VLLM_IMAGE"):
-        config.load({**env, "COSYVOICE_VLLM_IMAGE": "ghcr.io/elsewhere/triton:1-vllm"})
-    c = config.load({**env, "COSYVOICE_VLLM_IMAGE": "registry.corp.example/triton:1-vllm"})
-    assert c.serving.default_vllm_image == "registry.corp.example/triton:1-vllm"
-    # The built-in default outside the list does not stop the operator: the planner keeps
-    # vLLM services from deploying it (ImageNotAllowed, tests/unit/plan/test_hostile_input.py).
-    assert config.load(env).serving.default_vllm_image.startswith("ghcr.io/")
+    with pytest.raises(ConfigError, match="COSYVOICE_VLLM_IMAGE: vLLM is not served yet"):
+        config.load({**env, "COSYVOICE_VLLM_IMAGE": "registry.corp.example/triton:1-vllm"})
+    assert config.load(env).serving.default_image == "registry.corp.example/triton:1"
 
 
 def test_prometheus_urls_the_autoscaler_may_query() -> None:
