@@ -1,0 +1,80 @@
+"""Prompt features of a reference recording, in NumPy (the orchestrator keeps no torch).
+
+What the flow is conditioned on (CosyVoice2's ``cosyvoice2.yaml``: ``feat_extractor``, i.e.
+Matcha-TTS' ``mel_spectrogram`` with n_fft 1920, 80 bins, 24 kHz, hop 480, window 1920,
+fmin 0, fmax 8000, ``center=False``): reflect padding of (n_fft - hop) / 2 on each side, a
+periodic Hann window, magnitude ``sqrt(power + 1e-9)``, a Slaney-scale, Slaney-normalised
+mel filterbank (librosa's default), then ``log(max(x, 1e-5))``. The 16 kHz reference is
+brought to 24 kHz by linear interpolation (upstream: torchaudio's sinc resampler; the
+difference is below the mel's resolution at these frequencies, and only the prompt is
+affected). Written from those definitions; no code of librosa or Matcha-TTS is copied.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+SAMPLE_RATE = 24000
+REFERENCE_RATE = 16000
+N_FFT = 1920
+HOP = 480
+MELS = 80
+F_MAX = 8000.0
+
+
+def _hz_to_mel(hz: Any) -> Any:
+    hz = np.asarray(hz, dtype=np.float64)
+    linear = hz / (200.0 / 3)
+    log_step = np.log(6.4) / 27.0
+    return np.where(hz >= 1000.0, 15.0 + np.log(np.maximum(hz, 1e-12) / 1000.0) / log_step, linear)
+
+
+def _mel_to_hz(mel: Any) -> Any:
+    mel = np.asarray(mel, dtype=np.float64)
+    log_step = np.log(6.4) / 27.0
+    return np.where(mel >= 15.0, 1000.0 * np.exp(log_step * (mel - 15.0)), mel * (200.0 / 3))
+
+
+def mel_filterbank(
+    rate: int = SAMPLE_RATE, n_fft: int = N_FFT, mels: int = MELS, f_max: float = F_MAX
+) -> Any:
+    """[mels, n_fft // 2 + 1] Slaney filterbank from 0 Hz to ``f_max``."""
+    freqs = np.linspace(0.0, rate / 2.0, 1 + n_fft // 2)
+    points = _mel_to_hz(np.linspace(_hz_to_mel(0.0), _hz_to_mel(f_max), mels + 2))
+    widths = np.diff(points)
+    ramps = points[:, None] - freqs[None, :]
+    lower = -ramps[:-2] / widths[:-1, None]
+    upper = ramps[2:] / widths[1:, None]
+    weights = np.maximum(0.0, np.minimum(lower, upper))
+    weights *= (2.0 / (points[2 : mels + 2] - points[:mels]))[:, None]
+    return weights.astype(np.float32)
+
+
+_BANK = mel_filterbank()
+_WINDOW = (0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
+
+
+def resample_to_24k(wav16k: Any) -> Any:
+    samples = np.asarray(wav16k, dtype=np.float32).reshape(-1)
+    count = len(samples) * SAMPLE_RATE // REFERENCE_RATE
+    at = np.arange(count, dtype=np.float64) * REFERENCE_RATE / SAMPLE_RATE
+    return np.interp(at, np.arange(len(samples)), samples).astype(np.float32)
+
+
+def prompt_mel(wav16k: Any) -> Any:
+    """[frames, 80] log-mel of a 16 kHz reference, at 24 kHz and 50 frames per second."""
+    wav = resample_to_24k(wav16k)
+    pad = (N_FFT - HOP) // 2
+    if len(wav) <= pad:
+        raise ValueError(f"reference audio of {len(wav16k)} samples is too short")
+    wav = np.pad(wav, (pad, pad), mode="reflect")
+    frames = 1 + (len(wav) - N_FFT) // HOP
+    if frames < 1:
+        raise ValueError(f"reference audio of {len(wav16k)} samples is too short")
+    index = np.arange(N_FFT)[None, :] + HOP * np.arange(frames)[:, None]
+    spectrum = np.fft.rfft(wav[index] * _WINDOW, axis=1)
+    magnitude = np.sqrt(np.abs(spectrum) ** 2 + 1e-9)
+    mel = magnitude.astype(np.float32) @ _BANK.T
+    return np.log(np.maximum(mel, 1e-5)).astype(np.float32)

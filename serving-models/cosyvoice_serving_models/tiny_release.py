@@ -1,0 +1,173 @@
+"""A tiny synthetic CosyVoice2 release: the real release's file layout and formats, small
+dimensions, random weights (seeded). For the CPU twin and the tests; never for speech.
+
+    python -m cosyvoice_serving_models.tiny_release OUT_DIR
+
+writes, as the engine builder lays out ``<engine>/model/`` (the upstream release
+``FunAudioLLM/CosyVoice2-0.5B`` plus the HF LLM companion under ``llm/``):
+
+- ``cosyvoice2.yaml``: hyperpyyaml with upstream's top-level entries and class paths
+  (``llm``, ``flow``, ``hift``, ``mel_spec_transform1``, ...), dimensions shrunk. The ``llm``
+  entry names a Qwen2 checkpoint that does not exist, and ``mel_spec_transform1`` a module
+  whose import needs librosa: building either fails, which is how the tests know token2wav
+  builds only flow and HiFT;
+- ``flow.pt``, ``hift.pt``: ``torch.save`` of the state dicts, as upstream's;
+- ``llm/tokenizer.json``: a byte-level tokenizer (``tokenizers`` format, as the Qwen2
+  companion ships it) with upstream's special tokens ``<|sos|>``, ``<|task_id|>``,
+  ``<|eos1|>``.
+
+The flow keeps the real interfaces that other models feed: 80 mel bins, 192-dim speaker
+embeddings, 6561 speech tokens, 2 mel frames per token, 3 look-ahead tokens, chunks of 25
+tokens; the encoder keeps its width of 512 (upstream's
+UpsampleConformerEncoder hard-codes it in its look-ahead and upsampling layers); HiFT keeps 480 samples per mel frame at 24 kHz.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+YAML = """\
+# tiny synthetic release (cosyvoice_serving_models.tiny_release): random weights
+__set_seed1: !apply:random.seed [1986]
+__set_seed3: !apply:torch.manual_seed [1986]
+
+sample_rate: 24000
+llm_input_size: 896
+llm_output_size: 896
+spk_embed_dim: 192
+qwen_pretrain_path: '/nonexistent/CosyVoice-BlankEN'
+token_frame_rate: 25
+token_mel_ratio: 2
+chunk_size: 25
+num_decoding_left_chunks: -1
+
+llm: !new:cosyvoice.llm.llm.Qwen2LM
+    llm_input_size: !ref <llm_input_size>
+    llm_output_size: !ref <llm_output_size>
+    speech_token_size: 6561
+    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
+        pretrain_path: !ref <qwen_pretrain_path>
+
+flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
+    input_size: 512
+    output_size: 80
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: 6561
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: 3
+    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
+        output_size: 512
+        attention_heads: 2
+        linear_units: 64
+        num_blocks: 1
+        dropout_rate: 0.1
+        positional_dropout_rate: 0.1
+        attention_dropout_rate: 0.1
+        normalize_before: True
+        input_layer: 'linear'
+        pos_enc_layer_type: 'rel_pos_espnet'
+        selfattention_layer_type: 'rel_selfattn'
+        input_size: 512
+        use_cnn_module: False
+        macaron_style: False
+        static_chunk_size: !ref <chunk_size>
+    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: 240
+        n_spks: 1
+        spk_emb_dim: 80
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: 1e-06
+                solver: 'euler'
+                t_scheduler: 'cosine'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: 0.7
+                reg_loss_type: 'l1'
+        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
+            in_channels: 320
+            out_channels: 80
+            channels: [32]
+            dropout: 0.0
+            attention_head_dim: 16
+            n_blocks: 1
+            num_mid_blocks: 1
+            num_heads: 2
+            act_fn: 'gelu'
+            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
+            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
+
+hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
+    in_channels: 80
+    base_channels: 16
+    nb_harmonics: 8
+    sampling_rate: !ref <sample_rate>
+    nsf_alpha: 0.1
+    nsf_sigma: 0.003
+    nsf_voiced_threshold: 10
+    upsample_rates: [8, 5, 3]
+    upsample_kernel_sizes: [16, 11, 7]
+    istft_params:
+        n_fft: 16
+        hop_len: 4
+    resblock_kernel_sizes: [3]
+    resblock_dilation_sizes: [[1, 3, 5]]
+    source_resblock_kernel_sizes: [7, 7, 11]
+    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
+    lrelu_slope: 0.1
+    audio_limit: 0.99
+    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
+        num_class: 1
+        in_channels: 80
+        cond_channels: 16
+
+mel_spec_transform1: !name:matcha.utils.audio.mel_spectrogram
+    n_fft: 1920
+    num_mels: 80
+    sampling_rate: !ref <sample_rate>
+    hop_size: 480
+    win_size: 1920
+    fmin: 0
+    fmax: 8000
+    center: False
+"""
+
+SPECIAL_TOKENS = ("<|sos|>", "<|task_id|>", "<|eos1|>")
+
+
+def write_tokenizer(path: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # type: ignore
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {symbol: i for i, symbol in enumerate(alphabet)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path))
+
+
+def write(out: Path, seed: int = 1986) -> Path:
+    import torch
+    from hyperpyyaml import load_hyperpyyaml  # type: ignore[import-not-found]
+
+    from cosyvoice_serving_models.token2wav import flow_and_hift_yaml
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cosyvoice2.yaml").write_text(YAML)
+    torch.manual_seed(seed)
+    configs = load_hyperpyyaml(flow_and_hift_yaml(YAML))
+    torch.save(configs["flow"].state_dict(), out / "flow.pt")
+    torch.save(configs["hift"].state_dict(), out / "hift.pt")
+    write_tokenizer(out / "llm" / "tokenizer.json")
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m cosyvoice_serving_models.tiny_release OUT_DIR")
+    print(write(Path(sys.argv[1])))

@@ -1,0 +1,187 @@
+"""The project's model code in the real tritonserver (pytriton's, CPU), with upstream's
+library on a tiny synthetic release: the operator's rendered CosyVoice2 repository with our
+``cosyvoice2`` orchestrator and ``token2wav``; ``tensorrt_llm``, ``audio_tokenizer`` and
+``speaker_embedding`` stay the CPU twin's stand-ins (no TensorRT-LLM, ONNX Runtime on this
+machine).
+
+Two things differ from what the operator renders, both named here: the twin's one transform
+(KIND_GPU -> KIND_CPU, ``cpu_twin.to_cpu``) and the paths (``model_dir`` and
+``llm_tokenizer_dir`` point at the synthetic release, which the serving entrypoint's model
+view would hold). The vocoder-state inputs and outputs of ``token2wav`` are rendered by the
+operator (``render/triton.py``) once the render side lands them; until then
+:func:`with_state_io` adds exactly :data:`STATE_IO` (the check in ``test_contract.py`` says
+which is the case).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from cosyvoice_operator.api import spec
+from cosyvoice_operator.devtools.closedloop import cpu_twin
+from cosyvoice_operator.render import triton
+
+from .conftest import PACKAGE_ROOT, ROOT, library_path, require_library
+
+OURS = ("cosyvoice2", "token2wav")
+FIRST_CHUNK_TOKENS = 10
+STATE_IO = {
+    "input": [
+        ("hift_cache_mel", [80, -1]),
+        ("hift_cache_source", [-1]),
+        ("hift_cache_speech", [-1]),
+    ],
+    "output": [
+        ("hift_next_mel", [80, -1]),
+        ("hift_next_source", [-1]),
+        ("hift_next_speech", [-1]),
+    ],
+}
+
+
+def service() -> Any:
+    raw = yaml.safe_load((ROOT / "examples" / "cosyvoice2.yaml").read_text())["spec"]
+    raw["engine"]["maxBatchSize"] = 2
+    raw["serving"]["dynamicBatching"]["preferredBatchSizes"] = [2]
+    raw["serving"]["instancesPerGpu"] = 2
+    raw["serving"]["streamChunking"] = {"firstChunkTokens": FIRST_CHUNK_TOKENS}
+    return spec.parse(raw)
+
+
+def with_state_io(text: str) -> str:
+    config = text_format.Parse(text, mc.ModelConfig())
+    have = {t.name for t in [*config.input, *config.output]}
+    for kind, tensors in STATE_IO.items():
+        for name, dims in tensors:
+            if name in have:
+                continue
+            tensor = getattr(config, kind).add()
+            tensor.name, tensor.data_type = name, mc.TYPE_FP32
+            tensor.dims.extend(dims)
+            if kind == "input":
+                tensor.optional = True
+    return text_format.MessageToString(config)
+
+
+def with_paths(text: str, release: Path) -> str:
+    config = text_format.Parse(text, mc.ModelConfig())
+    for key, value in (("model_dir", release), ("llm_tokenizer_dir", release / "llm")):
+        if key in config.parameters:
+            config.parameters[key].string_value = str(value)
+    return text_format.MessageToString(config)
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, release: Path
+) -> Iterator[tuple[cpu_twin.TritonServer, Path]]:
+    require_library()
+    work = tmp_path_factory.mktemp("model-code")
+    rendered = triton.render_repository(service(), "/engine")
+    twin = cpu_twin.to_cpu(rendered)
+    twin["token2wav"] = with_state_io(twin["token2wav"])
+    twin = {name: with_paths(text, release) for name, text in twin.items()}
+    repo = cpu_twin.write_repository(twin, work / "repo")
+    for name in OURS:
+        shutil.copy(PACKAGE_ROOT / "models" / name / "model.py", repo / name / "1" / "model.py")
+    records = work / "devices"
+    env = {
+        "COSYVOICE_MODELS_PATH": library_path(),
+        "COSYVOICE_DEVICE_RECORD_DIR": str(records),
+        "OMP_NUM_THREADS": "1",
+    }
+    triton_server = cpu_twin.TritonServer(repo, work, env=env)
+    triton_server.start(ready_timeout=300)
+    try:
+        yield triton_server, records
+    finally:
+        triton_server.stop()
+
+
+def stream(server: cpu_twin.TritonServer, targets: list[str]) -> dict[str, list[Any]]:
+    """Send every target as its own stream at once; each stream's chunks in arrival order."""
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    ids = {}
+    try:
+        for target in targets:
+            request_id = str(uuid.uuid4())
+            ids[request_id] = target
+            client.async_stream_infer(
+                "cosyvoice2",
+                cpu_twin.request_inputs(target),
+                request_id=request_id,
+                enable_empty_final_response=True,
+            )
+        chunks: dict[str, list[Any]] = {t: [] for t in targets}
+        done: set[str] = set()
+        while len(done) < len(targets):
+            result, error = results.get(timeout=300)
+            assert error is None, f"{error}\n{server.log_tail()}"
+            response = result.get_response()
+            target = ids[response.id]
+            audio = result.as_numpy("waveform")
+            if audio is not None:
+                chunks[target].append(audio.reshape(-1))
+            if response.parameters["triton_final_response"].bool_param:
+                done.add(target)
+        return chunks
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_streams_complete_with_the_chunk_schedule_rendered(
+    server: tuple[cpu_twin.TritonServer, Path],
+) -> None:
+    from cosyvoice_serving_models.chunking import Chunking
+
+    triton_server, _ = server
+    targets = ["Hello there, this is a test.", "A second stream, a little longer than one."]
+    chunks = stream(triton_server, targets)
+    for target in targets:
+        # The LLM stand-in answers a count of tokens that grows with the prompt's length;
+        # the chunk sizes tell the schedule: firstChunkTokens, then 25 x 2^k, then the rest.
+        sizes = [len(c) for c in chunks[target]]
+        total = sum(sizes) // 960
+        assert sum(sizes) == total * 960, sizes
+        expected = Chunking(first=FIRST_CHUNK_TOKENS).schedule(total)
+        assert sizes[0] == FIRST_CHUNK_TOKENS * 960 - 3840, sizes  # 160 ms held for the fade
+        assert len(sizes) == len(expected), (sizes, expected)
+        assert all(np.isfinite(c).all() and np.abs(c).max() > 0 for c in chunks[target])
+
+
+def test_each_instance_runs_on_the_device_triton_gave_it(
+    server: tuple[cpu_twin.TritonServer, Path],
+) -> None:
+    _, records = server
+    entries = [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
+    token2wav = [e for e in entries if e["instance"].startswith("token2wav")]
+    assert len(token2wav) == 2, entries  # instancesPerGpu 2
+    assert {e["pid"] for e in token2wav}.__len__() == 2
+    for entry in token2wav:
+        assert entry["kind"] == "CPU" and entry["device"] == "cpu", entry
+
+
+def test_the_orchestrator_reports_its_active_streams(
+    server: tuple[cpu_twin.TritonServer, Path],
+) -> None:
+    triton_server, _ = server
+    lines = [l for l in triton_server.metrics().splitlines() if l.startswith("cosyvoice_active_streams")]
+    assert len(lines) == 4, lines  # one gauge per orchestrator instance (maxBatchSize 2 -> 4)
+    assert all(line.endswith(" 0") for line in lines), lines  # no stream left behind
