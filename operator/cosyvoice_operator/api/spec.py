@@ -176,6 +176,23 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class SloSpec:
+    """Sizing for the first-audio SLO (issue 22); ``first_audio_milliseconds`` 0 is off (the
+    queue-latency target alone sizes the fleet)."""
+
+    first_audio_milliseconds: int = 0
+    attainment_percent: float = 99.0  # of requests whose first audio is within the SLO
+    first_chunk_milliseconds: int = 1107  # first chunk with every slot busy (upstream L20)
+    cold_start_seconds: int = 180  # creation to Ready of a pod: the forecast's horizon
+    forecast_std_devs: float = 1.0  # headroom: the forecast plus this many std deviations
+    variability: float = 1.0  # (ca² + cs²) / 2: 1 is Poisson arrivals, exponential service
+
+    @property
+    def enabled(self) -> bool:
+        return self.first_audio_milliseconds > 0
+
+
+@dataclass(frozen=True)
 class AutoscalingSpec:
     enabled: bool = False
     mode: str = "Active"
@@ -187,6 +204,7 @@ class AutoscalingSpec:
     scale_down: ScaleRule = ScaleRule(300, 1)
     prometheus_url: str = ""
     schedules: tuple[Schedule, ...] = ()
+    slo: SloSpec = SloSpec()
 
 
 @dataclass(frozen=True)
@@ -670,7 +688,38 @@ def _autoscaling(a: Mapping[str, Any]) -> AutoscalingSpec:
         ),
         prometheus_url=_str(a, "prometheusUrl"),
         schedules=schedules,
+        slo=_slo(_obj(a, "slo", "spec.autoscaling")),
     )
+
+
+def _number(
+    raw: Mapping[str, Any], key: str, path: str, default: float, lo: float, hi: float
+) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(f"{path}.{key}", f"must be a number, got {value!r}")
+    if not lo <= value <= hi:
+        raise SpecError(f"{path}.{key}", f"must be between {lo:g} and {hi:g}, got {value}")
+    return float(value)
+
+
+def _slo(s: Mapping[str, Any]) -> SloSpec:
+    path = "spec.autoscaling.slo"
+    slo = SloSpec(
+        first_audio_milliseconds=_int(s, "firstAudioMilliseconds", path, 0, 0, 600_000),
+        attainment_percent=_number(s, "attainmentPercent", path, 99.0, 50.0, 99.99),
+        first_chunk_milliseconds=_int(s, "firstChunkMilliseconds", path, 1107, 0, 600_000),
+        cold_start_seconds=_int(s, "coldStartSeconds", path, 180, 0, 3600),
+        forecast_std_devs=_number(s, "forecastStdDevs", path, 1.0, 0.0, 10.0),
+        variability=_number(s, "variability", path, 1.0, 0.05, 10.0),
+    )
+    if slo.enabled and slo.first_chunk_milliseconds >= slo.first_audio_milliseconds:
+        raise SpecError(
+            f"{path}.firstChunkMilliseconds",
+            f"must be below {path}.firstAudioMilliseconds ({slo.first_audio_milliseconds}): "
+            "no wait at all would leave the SLO reachable",
+        )
+    return slo
 
 
 def _schedules(a: Mapping[str, Any], max_replicas: int) -> tuple[Schedule, ...]:

@@ -21,8 +21,10 @@ from cosyvoice_operator.api.spec import AutoscalingSpec
 from cosyvoice_operator.autoscaling.queueing import (
     MAX_SLOTS,
     fitted_slots,
+    miss_probability,
     queue_seconds,
     replicas_for,
+    replicas_for_miss,
 )
 
 if TYPE_CHECKING:  # policy holds the vocabulary and imports this module
@@ -47,6 +49,7 @@ class Assessment:
     pending: float | None
     predict_ms: Callable[[int], float] | None = None  # queue latency predicted on n replicas
     numbers: dict[str, Number] = field(default_factory=dict)
+    arrivals: float | None = None  # the demand seen, requests/s (kept for the SLO forecast)
 
 
 @dataclass
@@ -248,6 +251,16 @@ def _queueing(
         f" ({per_pod:.1f} of {slots} slots busy per pod, {service:.2f} s per request)"
     )
     model = _Model(load, slots, service, arrivals)
+    demand = load / service if service > 0 else 0.0
+    if spec.slo.enabled:
+        raw, regime, why = slo_sizing(spec, model, fleet, kept, now, demand, numbers)
+        if pressing and (growth is None or growth >= 0) and raw < fleet.ready + 1:
+            raw = fleet.ready + 1
+            why += f"; the waiting line is over the band: at least {raw}"
+        elif sample.above and not lagging and raw < fleet.current:
+            raw = fleet.current
+            why += "; the queue latency is above the band: no fewer than in force"
+        return Assessment(raw, regime, seen, why, keep, pending, model.predict_ms, numbers, demand)
     if sample.above or pressing:
         raw, regime, why = _above_band(
             model, fleet, target, sample.above, pressing, lagging, growth, line_ms
@@ -257,7 +270,89 @@ def _queueing(
         why = f"within the ±{TOLERANCE:.0%} tolerance of the target"
     else:
         raw, regime, why = _below_band(model, fleet.current, target, numbers)
-    return Assessment(raw, regime, seen, why, keep, pending, model.predict_ms, numbers)
+    return Assessment(raw, regime, seen, why, keep, pending, model.predict_ms, numbers, demand)
+
+
+def slo_sizing(
+    spec: AutoscalingSpec,
+    model: _Model,
+    fleet: Fleet,
+    kept: tuple[Recommendation, ...],
+    now: dt.datetime,
+    demand: float,
+    numbers: dict[str, Number],
+) -> tuple[int, str, str]:
+    """Issue 22: the fewest replicas whose predicted first audio meets the SLO for
+    ``attainmentPercent`` of requests at the demand forecast over the next cold start."""
+    slo = spec.slo
+    f = forecast(demand, kept, now, slo.cold_start_seconds, spec.evaluation_interval_seconds)
+    upper = f.rate + slo.forecast_std_devs * f.spread
+    budget = (slo.first_audio_milliseconds - slo.first_chunk_milliseconds) / 1000.0
+    miss = 1.0 - slo.attainment_percent / 100.0
+    k = slo.variability
+    need = replicas_for_miss(upper * model.service, model.slots, model.service, budget, miss, k)
+    at_need = miss_probability(
+        upper * model.service / max(need, 1), model.slots, model.service, budget, k
+    )
+    numbers.update(
+        {
+            "demand": round(demand, 4),
+            "forecastRate": round(f.rate, 4),
+            "forecastTrendPerMinute": round(60.0 * f.slope, 4),
+            "forecastSpread": round(f.spread, 4),
+            "forecastUpper": round(upper, 4),
+            "waitBudgetSeconds": round(budget, 4),
+            "sloReplicas": need,
+            "predictedMissPercent": round(100.0 * at_need, 4),
+        }
+    )
+    why = (
+        f"{need} replicas keep {slo.attainment_percent:g} % of first audio within "
+        f"{slo.first_audio_milliseconds} ms (a wait of at most {budget:.2f} s, predicted "
+        f"{100.0 * at_need:.2f} % over) at {upper:.2f} requests/s: {demand:.2f} now, trend "
+        f"{60.0 * f.slope:+.2f}/min over the {slo.cold_start_seconds} s cold start, "
+        f"+{slo.forecast_std_devs:g} x {f.spread:.2f} spread"
+    )
+    return need, "SloSizing", why
+
+
+@dataclass(frozen=True)
+class Forecast:
+    rate: float  # requests/s expected at the end of the horizon (the trend line's level)
+    slope: float  # requests/s per second, rising only (0 when falling)
+    spread: float  # std deviation of the demand around its trend, requests/s
+
+
+def forecast(
+    demand: float,
+    kept: tuple[Recommendation, ...],
+    now: dt.datetime,
+    horizon_seconds: int,
+    interval: int,
+) -> Forecast:
+    """The demand over the next `horizon_seconds`: a least-squares line through the demand
+    seen over the last two horizons (this sample included), extended over the horizon when
+    it rises; the spread is the residuals' std deviation."""
+    reach = max(2 * horizon_seconds, 4 * interval)
+    points = [
+        ((r.time - now).total_seconds(), r.arrivals)
+        for r in kept
+        if r.arrivals is not None and (now - r.time).total_seconds() <= reach
+    ]
+    points.append((0.0, demand))
+    if len(points) < 3:
+        return Forecast(demand, 0.0, 0.0)
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    var_t = sum((t - mean_t) ** 2 for t, _ in points)
+    slope = sum((t - mean_t) * (y - mean_y) for t, y in points) / var_t if var_t > 0 else 0.0
+    residuals = [y - (mean_y + slope * (t - mean_t)) for t, y in points]
+    spread = math.sqrt(sum(r * r for r in residuals) / max(n - 2, 1))
+    level = mean_y + slope * (0.0 - mean_t)
+    rising = max(slope, 0.0)
+    rate = max(level, 0.0) + rising * horizon_seconds
+    return Forecast(rate, rising, spread)
 
 
 def _growth(

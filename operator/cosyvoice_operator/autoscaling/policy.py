@@ -160,6 +160,8 @@ class Recommendation:
     replicas: int
     slots_per_pod: int | None = None  # the M/M/c model's c, as last measured or fitted
     pending_requests: float | None = None  # to estimate how fast the waiting line grows
+    arrivals: float | None = None  # the demand seen (requests/s), for the SLO forecast
+    in_force: int | None = None  # the replica count in force then (the SLO's cooldown)
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,13 @@ def decide(
     inputs.update(a.numbers)
     inputs["regime"] = a.regime
     inputs["rawRecommendation"] = a.raw
-    latest = (*kept, Recommendation(now, a.raw, a.slots, a.pending))
+    slo = spec.slo.enabled  # only SLO sizing keeps the demand and the count in force
+    latest = (
+        *kept,
+        Recommendation(
+            now, a.raw, a.slots, a.pending, a.arrivals if slo else None, current if slo else None
+        ),
+    )
     desired, notes = _stabilized(spec, fleet, a.raw, latest, now, inputs)
     desired, bounded_notes = bounds.apply(desired)
     notes.extend(bounded_notes)
@@ -306,6 +314,15 @@ def _stabilized(
             f"the {up_window} s scale-up window still holds a recommendation of {up_rec}"
         ]
     if down_rec < current:
+        if spec.slo.enabled:
+            steady = _steady_seconds(latest, current, spec.evaluation_interval_seconds)
+            inputs["steadySeconds"] = round(steady, 3)
+            if steady < down_window:
+                return current, [
+                    f"a scale-down waits {down_window} s after the last change "
+                    f"(slo: one step per window), {steady:.0f} s so far"
+                ]
+            watched = min(watched, steady)
         return _step_down(spec, current, raw, down_rec, watched)
     if raw < current:
         return current, [
@@ -369,6 +386,22 @@ def _unusable(obs: Observation) -> tuple[str, str] | None:
     if obs.queue_latency_ms is None and not obs.no_traffic:
         return NO_DATA, "the sample has no queue latency"
     return None
+
+
+def _steady_seconds(
+    recommendations: Sequence[Recommendation], current: int, interval: int
+) -> float:
+    """How long the count has been `current`, as far as the recommendations reach back
+    (each one standing for the interval before it)."""
+    now = recommendations[-1].time
+    oldest = now
+    for r in reversed(recommendations):
+        if r.in_force is not None and r.in_force != current:
+            break
+        if (oldest - r.time).total_seconds() > 2 * interval:
+            break
+        oldest = r.time
+    return (now - oldest).total_seconds() + interval
 
 
 def _watched_seconds(

@@ -77,3 +77,62 @@ def _smallest(low: int, ok: Callable[[int], bool], cap: int) -> int:
         else:
             bad = mid
     return good
+
+
+def wait_probability(load: float, slots: int) -> float:
+    """Erlang C: the probability that an arrival waits for a slot (1 at or beyond
+    saturation)."""
+    if load <= 0:
+        return 0.0
+    if load >= slots:
+        return 1.0
+    blocking = 1.0
+    for k in range(1, slots + 1):
+        blocking = load * blocking / (k + load * blocking)
+    return slots * blocking / (slots - load * (1.0 - blocking))
+
+
+def miss_probability(
+    load: float,
+    slots: int,
+    service_seconds: float,
+    budget_seconds: float,
+    variability: float = 1.0,
+) -> float:
+    """The share of requests that wait longer than `budget_seconds` for a slot. M/M/c
+    (``variability`` 1): ``C(c, a) * exp(-(c - a) * budget / s)``, the wait of a request
+    that waits being exponential with rate ``(c - a) / s``. For other arrival and service
+    processes, ``variability`` k = (ca² + cs²) / 2 (the squared coefficients of variation
+    of the interarrival and service times, Allen-Cunneen's G/G/c factor) scales the mean
+    wait: here, the chance of waiting (capped at 1) and the mean wait of those who do."""
+    if load <= 0:
+        return 0.0
+    if load >= slots:
+        return 1.0
+    k = max(variability, 1e-6)
+    return min(1.0, k * wait_probability(load, slots)) * math.exp(
+        -(slots - load) * max(budget_seconds, 0.0) / (service_seconds * k)
+    )
+
+
+def replicas_for_miss(
+    load: float,
+    slots: int,
+    service_seconds: float,
+    budget_seconds: float,
+    miss: float,
+    variability: float = 1.0,
+) -> int:
+    """The fewest pods of `slots` slots over which a total `load` (Erlangs, spread evenly)
+    leaves at most a share `miss` of requests waiting longer than `budget_seconds`; 0 for no
+    load."""
+    if load <= 0:
+        return 0
+    low = math.floor(load / slots) + 1
+    return _smallest(
+        low,
+        lambda n: (
+            miss_probability(load / n, slots, service_seconds, budget_seconds, variability) <= miss
+        ),
+        MAX_SEARCH,
+    )

@@ -28,7 +28,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from cosyvoice_operator.api.spec import AutoscalingSpec, ScaleRule
+from cosyvoice_operator.api.spec import AutoscalingSpec, ScaleRule, SloSpec
 from cosyvoice_operator.autoscaling import policy as scaling
 from cosyvoice_operator.devtools.sim import hpa as hpa_model
 from cosyvoice_operator.devtools.sim import kpa as kpa_model
@@ -82,6 +82,14 @@ class Ours(_Base):
             evaluation_interval_seconds=int(self.interval_s),
             scale_up=ScaleRule(0, int(p.get("up_step", 4))),
             scale_down=ScaleRule(int(p["down_window_s"]), int(p.get("down_step", 1))),
+            slo=SloSpec(
+                first_audio_milliseconds=int(p.get("slo_ms", 0)),
+                attainment_percent=float(p.get("attainment", 99.0)),
+                first_chunk_milliseconds=int(p.get("first_chunk_ms", 1107)),
+                cold_start_seconds=int(p.get("cold_start_s", 180)),
+                forecast_std_devs=float(p.get("z", 1.0)),
+                variability=float(p.get("variability", 1.0)),
+            ),
         )
         self.history: tuple[scaling.Recommendation, ...] = ()
 

@@ -1,0 +1,137 @@
+"""Issue 22's SLO sizing (spec.autoscaling.slo): the tail model, the forecast, the spec's
+validation, and the policy's rows (sizing, no scale-down on missing data, one step per window)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import math
+
+import pytest
+
+from cosyvoice_operator.api.spec import AutoscalingSpec, ScaleRule, SloSpec, SpecError, _slo
+from cosyvoice_operator.autoscaling.assessment import forecast
+from cosyvoice_operator.autoscaling.policy import Fleet, Observation, Recommendation, decide
+from cosyvoice_operator.autoscaling.queueing import (
+    miss_probability,
+    replicas_for_miss,
+    wait_probability,
+)
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def spec(**slo: float) -> AutoscalingSpec:
+    values = {"first_audio_milliseconds": 1500, "variability": 1.0, "forecast_std_devs": 0.0}
+    values.update(slo)
+    return AutoscalingSpec(
+        enabled=True,
+        min_replicas=1,
+        max_replicas=1000,
+        target_queue_latency_milliseconds=393.0,
+        scale_up=ScaleRule(0, 100),
+        scale_down=ScaleRule(300, 1000),
+        slo=SloSpec(**values),  # type: ignore[arg-type]
+    )
+
+
+def obs(t: dt.datetime, in_flight: float, completions: float, latency: float = 0.0) -> Observation:
+    return Observation(t, True, "", "", latency, 0.0, in_flight, completions, False)
+
+
+@pytest.mark.parametrize(
+    ("load", "slots", "expected"),
+    [(0.0, 4, 0.0), (4.0, 4, 1.0), (1.0, 1, 1.0), (0.5, 1, 0.5), (2.0, 4, 0.1739)],
+)
+def test_wait_probability_is_erlang_c(load: float, slots: int, expected: float) -> None:
+    assert wait_probability(load, slots) == pytest.approx(expected, abs=1e-4)
+
+
+def test_miss_probability_m_m_1_closed_form() -> None:
+    # M/M/1: P(W > t) = rho * exp(-(1 - rho) t / s)
+    assert miss_probability(0.5, 1, 2.0, 1.0) == pytest.approx(0.5 * math.exp(-0.25))
+
+
+def test_lower_variability_needs_fewer_replicas() -> None:
+    poisson = replicas_for_miss(80.0, 4, 3.0, 0.393, 0.01, 1.0)
+    regular = replicas_for_miss(80.0, 4, 3.0, 0.393, 0.01, 0.2)
+    assert regular < poisson
+    assert miss_probability(80.0 / poisson, 4, 3.0, 0.393) <= 0.01
+    assert miss_probability(80.0 / (poisson - 1), 4, 3.0, 0.393) > 0.01
+    assert replicas_for_miss(0.0, 4, 3.0, 0.393, 0.01) == 0
+
+
+def test_forecast_extends_a_rising_trend_and_never_a_falling_one() -> None:
+    rising = tuple(
+        Recommendation(T0 + dt.timedelta(seconds=15 * i), 1, arrivals=10.0 + i) for i in range(8)
+    )
+    now = T0 + dt.timedelta(seconds=120)
+    f = forecast(18.0, rising, now, 180, 15)
+    assert f.slope == pytest.approx(1 / 15)
+    assert f.rate == pytest.approx(18.0 + 180 / 15)
+    assert f.spread == pytest.approx(0.0, abs=1e-9)
+    falling = tuple(
+        Recommendation(T0 + dt.timedelta(seconds=15 * i), 1, arrivals=20.0 - i) for i in range(8)
+    )
+    g = forecast(12.0, falling, now, 180, 15)
+    assert g.slope == 0.0
+    assert g.rate == pytest.approx(12.0)
+    assert forecast(5.0, (), now, 180, 15).rate == 5.0  # too few points: the demand now
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"firstAudioMilliseconds": -1}, "spec.autoscaling.slo.firstAudioMilliseconds"),
+        ({"attainmentPercent": 100}, "spec.autoscaling.slo.attainmentPercent"),
+        ({"forecastStdDevs": "2"}, "spec.autoscaling.slo.forecastStdDevs"),
+        ({"variability": 0}, "spec.autoscaling.slo.variability"),
+        (
+            {"firstAudioMilliseconds": 1000, "firstChunkMilliseconds": 1000},
+            "spec.autoscaling.slo.firstChunkMilliseconds",
+        ),
+    ],
+)
+def test_spec_refuses(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError, match=message.replace(".", r"\.")):
+        _slo(raw)
+
+
+def test_spec_defaults_are_off() -> None:
+    assert _slo({}) == SloSpec()
+    assert not SloSpec().enabled
+
+
+def test_sizes_for_the_slo_and_says_why() -> None:
+    # 40 pods, 80 requests in service at 3 s each: 26.7 requests/s.
+    seen = (Recommendation(T0 - dt.timedelta(seconds=15), 40, slots_per_pod=4),)
+    d = decide(spec(), obs(T0, 80.0, 80.0 / 3.0), Fleet(40, 40, 0), seen, T0)
+    need = replicas_for_miss(80.0, 4, 3.0, 0.393, 0.01)
+    assert d.inputs["sloReplicas"] == need
+    assert d.replicas == need
+    assert "keep 99 % of first audio within 1500 ms" in d.reason
+
+
+def test_no_scale_down_on_missing_data() -> None:
+    missing = Observation(
+        T0, False, "Unreachable", "connection refused", None, None, None, None, False
+    )
+    d = decide(spec(), missing, Fleet(60, 60, 0), (), T0)
+    assert d.replicas == 60 and not d.metrics_available
+
+
+def test_scale_down_one_step_per_window() -> None:
+    s = spec()
+    history: tuple[Recommendation, ...] = (
+        Recommendation(T0 - dt.timedelta(seconds=15), 100, slots_per_pod=4),
+    )
+    fleet = Fleet(100, 100, 0)
+    counts = []
+    for i in range(60):  # 15 min of a steady 20 requests/s on 100 pods
+        now = T0 + dt.timedelta(seconds=15 * i)
+        d = decide(s, obs(now, 60.0, 20.0), fleet, history, now)
+        history = d.history
+        fleet = Fleet(d.replicas, d.replicas, 0)
+        counts.append(d.replicas)
+    changes = [b for a, b in itertools.pairwise(counts) if a != b]
+    assert changes == [replicas_for_miss(60.0, 4, 3.0, 0.393, 0.01)]  # one event, all at once
