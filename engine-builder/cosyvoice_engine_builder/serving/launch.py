@@ -72,8 +72,8 @@ def trtllm_serve_argv(
     argv: list[str] = []
     # Upstream runs it under `mpirun -np 1`: TensorRT-LLM's executor then spawns its
     # tensor-parallel workers inside that MPI job. MPIRUN="" runs it directly.
-    mpirun = environ.get("MPIRUN", "mpirun")
-    if mpirun and find_executable(mpirun, environ) is not None:
+    mpirun = _mpirun(environ)
+    if mpirun:
         argv += [mpirun, "-np", "1", "--allow-run-as-root", "--oversubscribe"]
     argv += [
         environ.get("TRTLLM_SERVE") or "trtllm-serve",
@@ -92,7 +92,38 @@ def trtllm_serve_argv(
         "--kv_cache_free_gpu_memory_fraction",
         str(options.kv_cache_fraction),
     ]
+    if needs_tensorrt_backend_flag(manifest):
+        argv += ["--backend", "tensorrt"]
     return tuple(argv)
+
+
+def _mpirun(environ: Mapping[str, str]) -> str | None:
+    """The mpirun to wrap a server in: MPIRUN (default ``mpirun``) when it is found; MPIRUN=""
+    runs the server directly."""
+    mpirun = environ.get("MPIRUN", "mpirun")
+    return mpirun if mpirun and find_executable(mpirun, environ) is not None else None
+
+
+def _major(version: object) -> int | None:
+    if not isinstance(version, str):
+        return None
+    head = version.strip().split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def needs_tensorrt_backend_flag(manifest: Mapping[str, Any]) -> bool:
+    """Whether ``trtllm-serve`` must be told ``--backend tensorrt`` to load an engine directory.
+
+    From TensorRT-LLM 1.0 its ``--backend`` defaults to ``pytorch``, which cannot load an
+    engine; before (0.20, the pinned image) the option only accepts ``pytorch`` and its
+    absence means the engine path, so the flag would be refused there. The version is the one
+    the engine was built with (the manifest's ``versions.tensorrtLlm``), which the start-up
+    gate has already required to be this image's.
+    """
+    versions = manifest.get("versions")
+    built = versions.get("tensorrtLlm") if isinstance(versions, dict) else None
+    major = _major(built)
+    return major is not None and major >= 1
 
 
 # Triton APIs no client of a CosyVoice fleet needs, and through which a client could reach
@@ -113,9 +144,37 @@ def admin_key(environ: Mapping[str, str]) -> str:
     return environ.get(ADMIN_KEY_ENV) or _PROCESS_ADMIN_KEY
 
 
+# The operator's pod environment for the TensorRT-LLM backend's orchestrator mode
+# (operator render/triton.py server_environment(): CosyVoice2 with several LLM groups).
+ORCHESTRATOR_ENV = "TRTLLM_ORCHESTRATOR"
+
+
+def orchestrator_mode(environ: Mapping[str, str]) -> bool:
+    value = environ.get(ORCHESTRATOR_ENV, "").strip()
+    return value.isdigit() and int(value) != 0
+
+
 def tritonserver_argv(options: ServeOptions, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Triton's command line. In the TensorRT-LLM backend's orchestrator mode it runs as one
+    MPI rank, as TensorRT-LLM's own launcher starts it (``mpirun --allow-run-as-root -n 1
+    tritonserver ... --disable-auto-complete-config --backend-config=python,shm-region-prefix-
+    name=prefix0_``; NVIDIA/TensorRT-LLM ``triton_backend/scripts/launch_triton_server.py``,
+    ``get_cmd``): the backend spawns its executor workers from that MPI job. Leader mode (one
+    LLM group, or no ``tensorrt_llm`` model) starts tritonserver directly, as upstream's
+    run.sh does. docs/triton-repository.md says which of the launcher's flags are left out."""
     restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={admin_key(environ)}"
+    prefix: tuple[str, ...] = ()
+    suffix: tuple[str, ...] = ()
+    if orchestrator_mode(environ):
+        mpirun = _mpirun(environ)
+        if mpirun:
+            prefix = (mpirun, "--allow-run-as-root", "-n", "1")
+        suffix = (
+            "--disable-auto-complete-config",
+            "--backend-config=python,shm-region-prefix-name=prefix0_",
+        )
     return (
+        *prefix,
         environ.get("TRITONSERVER") or "tritonserver",
         f"--model-repository={options.model_repository}",
         f"--http-port={options.http_port}",
@@ -128,6 +187,7 @@ def tritonserver_argv(options: ServeOptions, environ: Mapping[str, str]) -> tupl
         f"--exit-timeout-secs={options.exit_timeout_seconds}",
         f"--http-restricted-api={restricted}",
         f"--grpc-restricted-protocol={restricted}",
+        *suffix,
     )
 
 
