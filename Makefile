@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: setup demo test lint unit bench clean
+.PHONY: setup demo test lint unit bench clean serving-models
 
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -27,6 +27,12 @@ test: lint
 
 unit: setup
 	$(PY) -m pytest -ra tests/unit tests/engine_builder $(PYTEST_ARGS)
+
+# The project's Triton model code (serving-models/) with upstream's library, in the real CPU
+# tritonserver. Not in `make test`: it needs scripts/setup-serving-models.sh (about 440 MB).
+serving-models: setup
+	bash scripts/setup-serving-models.sh
+	$(PY) -m pytest -ra serving-models/tests $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/cluster_up.py

@@ -30,7 +30,8 @@ class Chunking:
         """The hop that follows chunk ``index`` (0 is the first chunk)."""
         if self.strategy == "equal":
             return self.first
-        return max(self.first, TOKEN_RATE * 2**index)
+        growth: int = TOKEN_RATE * (1 << index)
+        return max(self.first, growth)
 
     def cut(self, available: int, offset: int, index: int, hop: int) -> bool:
         """Whether ``available`` tokens allow the chunk of ``hop`` tokens from ``offset``."""

@@ -18,8 +18,8 @@ writes, as the engine builder lays out ``<engine>/model/`` (the upstream release
 
 The flow keeps the real interfaces that other models feed: 80 mel bins, 192-dim speaker
 embeddings, 6561 speech tokens, 2 mel frames per token, 3 look-ahead tokens, chunks of 25
-tokens; the encoder keeps its width of 512 (upstream's
-UpsampleConformerEncoder hard-codes it in its look-ahead and upsampling layers); HiFT keeps 480 samples per mel frame at 24 kHz.
+tokens; the encoder keeps its width of 512 (upstream's UpsampleConformerEncoder hard-codes
+it in its look-ahead and upsampling layers); HiFT keeps 480 samples per mel frame at 24 kHz.
 """
 
 from __future__ import annotations

@@ -106,7 +106,9 @@ class Token2Wav:
 
         token = as_tensor(np.asarray(tokens).reshape(1, -1), torch.int32)
         prompt_token = as_tensor(np.asarray(prompt_tokens).reshape(1, -1), torch.int32)
-        feat = as_tensor(np.asarray(prompt_feat, dtype=np.float32).reshape(1, -1, 80), torch.float32)
+        feat = as_tensor(
+            np.asarray(prompt_feat, dtype=np.float32).reshape(1, -1, 80), torch.float32
+        )
         spk = as_tensor(np.asarray(embedding, dtype=np.float32).reshape(1, -1), torch.float32)
 
         def length(t: Any) -> Any:
@@ -132,7 +134,9 @@ class Token2Wav:
                 source = torch.zeros(1, 1, 0, device=dev)
             speech, new_source = self.hift.inference(speech_feat=mel, cache_source=source)
             if state is not None:
-                speech = fade_in_out(speech, as_tensor(state.speech[None], torch.float32), self.window)
+                speech = fade_in_out(
+                    speech, as_tensor(state.speech[None], torch.float32), self.window
+                )
         if finalize:
             return speech[0].float().cpu().numpy(), None
         following = HiftState(

@@ -182,6 +182,7 @@ def test_the_orchestrator_reports_its_active_streams(
     server: tuple[cpu_twin.TritonServer, Path],
 ) -> None:
     triton_server, _ = server
-    lines = [l for l in triton_server.metrics().splitlines() if l.startswith("cosyvoice_active_streams")]
+    metrics = triton_server.metrics().splitlines()
+    lines = [line for line in metrics if line.startswith("cosyvoice_active_streams")]
     assert len(lines) == 4, lines  # one gauge per orchestrator instance (maxBatchSize 2 -> 4)
     assert all(line.endswith(" 0") for line in lines), lines  # no stream left behind

@@ -13,7 +13,9 @@ HERE = Path(__file__).parent
 
 
 def test_chunks_over_two_instances_equal_upstreams_continuous_synthesis(release: Path) -> None:
-    result = json.loads(debian_python(str(HERE / "continuity_check.py"), str(release)).splitlines()[-1])
+    result = json.loads(
+        debian_python(str(HERE / "continuity_check.py"), str(release)).splitlines()[-1]
+    )
     # 120 tokens, first hop 15, exponential: 15, 25, 50, and the rest finalized.
     assert len(result["chunks"]) == 4
     assert result["chunks"] == result["reference_chunks"]

@@ -9,12 +9,12 @@ out, every BLS response asked in host memory. Per request:
 
 1. the speaker: reference audio -> ``audio_tokenizer`` (speech tokens) and
    ``speaker_embedding``, and its mel (:mod:`cosyvoice_serving_models.features`); cached on
-   the audio's hash plus the reference text (:class:`~cosyvoice_serving_models.speakers.SpeakerCache`).
+   the audio's hash plus the reference text (``speakers.SpeakerCache``).
    Without reference audio the request gets an error (no default speaker here);
 2. the prompt ``<|sos|>`` + reference text + target text + ``<|task_id|>`` + the reference's
    speech tokens, through ``tensorrt_llm`` (streamed when decoupled);
-3. the speech tokens through ``token2wav`` in chunks (:class:`~cosyvoice_serving_models.chunking.Chunking`
-   from ``token_hop_len`` and ``dynamic_chunk_strategy``), each chunk carrying the vocoder
+3. the speech tokens through ``token2wav`` in chunks (``chunking.Chunking`` from
+   ``token_hop_len`` and ``dynamic_chunk_strategy``), each chunk carrying the vocoder
    state the previous one returned, so any ``token2wav`` instance can serve it.
 
 Exports ``cosyvoice_active_streams`` (a gauge, per instance): the streams being served now.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,7 +93,9 @@ class TritonPythonModel:
             description="Streams this orchestrator instance is serving now (0 or 1)",
             kind=pb_utils.MetricFamily.GAUGE,
         )
-        self.active = self.metric_family.Metric(labels={"instance": args.get("model_instance_name", "")})
+        self.active = self.metric_family.Metric(
+            labels={"instance": args.get("model_instance_name", "")}
+        )
         self.active.set(0)
 
     # -- BLS -----------------------------------------------------------------------------
@@ -192,8 +193,12 @@ class TritonPythonModel:
             caller.is_cancelled()
 
     def _token2wav(
-        self, tokens: list[int], speaker: tuple[Any, Any, Any], offset: int | None,
-        finalize: bool, state: dict[str, Any],
+        self,
+        tokens: list[int],
+        speaker: tuple[Any, Any, Any],
+        offset: int | None,
+        finalize: bool,
+        state: dict[str, Any],
     ) -> tuple[Any, dict[str, Any]]:
         prompt_tokens, feat, embedding = speaker
         inputs = {
@@ -262,8 +267,8 @@ class TritonPythonModel:
 
     def _offline(self, request: Any) -> Any:
         text, speaker = self._speaker(request)
-        tokens = [t for new in self._llm(request, text + self._target(request), speaker[0]) for t in new]
+        tokens = [
+            t for new in self._llm(request, text + self._target(request), speaker[0]) for t in new
+        ]
         audio, _ = self._token2wav(tokens, speaker, None, True, {})
         return pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio)])
-
-

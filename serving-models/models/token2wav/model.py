@@ -63,7 +63,8 @@ class TritonPythonModel:
     @staticmethod
     def _plan(manifest: str, plans_dir: str) -> str:
         try:
-            layout = json.loads(open(manifest).read()).get("layout", {})
+            with open(manifest) as f:
+                layout = json.load(f).get("layout", {})
         except FileNotFoundError:
             return ""
         name = layout.get("flowEstimatorPlan", "")
@@ -84,7 +85,9 @@ class TritonPythonModel:
         prompt_feat = host(request, "prompt_speech_feat")
         embedding = host(request, "prompt_spk_embedding")
         if prompt_tokens is None or prompt_feat is None or embedding is None:
-            raise ValueError("token2wav needs the prompt's speech tokens, mel and speaker embedding")
+            raise ValueError(
+                "token2wav needs the prompt's speech tokens, mel and speaker embedding"
+            )
         offset_in, finalize_in = host(request, "token_offset"), host(request, "finalize")
         offset = None if offset_in is None else int(offset_in.reshape(-1)[0])
         finalize = True if finalize_in is None else bool(finalize_in.reshape(-1)[0])

@@ -1,0 +1,66 @@
+"""The pure pieces of the project's model code: the chunk schedule, the speaker cache, the
+prompt features, the device choice (no torch, no Triton)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cosyvoice_serving_models import device, features
+from cosyvoice_serving_models.chunking import Chunking
+from cosyvoice_serving_models.speakers import SpeakerCache, speaker_key
+
+
+def test_upstreams_schedule_by_default_and_first_chunk_tokens_honoured() -> None:
+    assert Chunking().schedule(200) == [(0, 15), (15, 40), (40, 90), (90, 190), (190, 200)]
+    assert Chunking(first=5).schedule(60) == [(0, 5), (5, 30), (30, 60)]
+    assert Chunking(first=10, strategy="equal").schedule(32) == [(0, 10), (10, 20), (20, 32)]
+    # a stream shorter than the first chunk and its look-ahead: one finalized chunk
+    assert Chunking().schedule(17) == [(0, 17)]
+    with pytest.raises(ValueError):
+        Chunking(strategy="linear")
+
+
+def test_speaker_key_is_the_audio_and_the_text() -> None:
+    a = np.zeros(16000, dtype=np.float32)
+    b = a.copy()
+    b[5] = 0.5
+    assert speaker_key(a, "hello") == speaker_key(a.copy(), "hello")
+    assert speaker_key(a, "hello") != speaker_key(b, "hello")  # another voice, same text
+    assert speaker_key(a, "hello") != speaker_key(a, "hullo")  # same voice, another text
+    assert speaker_key(a, "") != speaker_key(b, "")  # no text at all
+
+
+def test_speaker_cache_is_bounded_and_least_recently_used() -> None:
+    cache: SpeakerCache[int] = SpeakerCache(entries=2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1
+    cache.put("c", 3)  # evicts b, the least recently used
+    assert cache.get("b") is None
+    assert (cache.get("a"), cache.get("c"), len(cache)) == (1, 3, 2)
+
+
+def test_prompt_mel_has_50_frames_per_second_and_80_bins() -> None:
+    wav = np.sin(np.arange(32000, dtype=np.float32) / 7.0)  # 2 s at 16 kHz
+    mel = features.prompt_mel(wav)
+    assert mel.shape == (100, 80) and mel.dtype == np.float32
+    assert np.isfinite(mel).all()
+    bank = features.mel_filterbank()
+    assert bank.shape == (80, 961) and (bank >= 0).all()
+    assert bank[:, np.fft.rfftfreq(1920, 1 / 24000) > 8000].max() == 0  # fmax 8 kHz
+
+
+def test_device_is_the_one_triton_assigns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = {"model_instance_kind": "GPU", "model_instance_device_id": "3"}
+    assert device.assigned_device(gpu, cuda_available=True) == "cuda:3"
+    assert device.assigned_device({"model_instance_kind": "CPU"}, cuda_available=True) == "cpu"
+    with pytest.raises(RuntimeError, match="no CUDA"):
+        device.assigned_device(gpu, cuda_available=False)
+    monkeypatch.setenv(device.RECORD_DIR_ENV, str(tmp_path))
+    device.record({**gpu, "model_instance_name": "token2wav_0_1"}, "cuda:3")
+    entry = json.loads((tmp_path / "token2wav_0_1.json").read_text())
+    assert (entry["device_id"], entry["device"]) == ("3", "cuda:3")
