@@ -186,6 +186,7 @@ class SloSpec:
     cold_start_seconds: int = 180  # creation to Ready of a pod: the forecast's horizon
     forecast_std_devs: float = 1.0  # headroom: the forecast plus this many std deviations
     variability: float = 1.0  # (ca² + cs²) / 2: 1 is Poisson arrivals, exponential service
+    slots_per_pod: int = 0  # streams a pod serves at once (0: as measured); set, it is used
 
     @property
     def enabled(self) -> bool:
@@ -712,6 +713,7 @@ def _slo(s: Mapping[str, Any]) -> SloSpec:
         cold_start_seconds=_int(s, "coldStartSeconds", path, 180, 0, 3600),
         forecast_std_devs=_number(s, "forecastStdDevs", path, 1.0, 0.0, 10.0),
         variability=_number(s, "variability", path, 1.0, 0.05, 10.0),
+        slots_per_pod=_int(s, "slotsPerPod", path, 0, 0, 10_000),
     )
     if slo.enabled and slo.first_chunk_milliseconds >= slo.first_audio_milliseconds:
         raise SpecError(

@@ -253,7 +253,9 @@ def _queueing(
     model = _Model(load, slots, service, arrivals)
     demand = load / service if service > 0 else 0.0
     if spec.slo.enabled:
-        raw, regime, why = slo_sizing(spec, model, fleet, kept, now, demand, numbers)
+        raw, regime, why = slo_sizing(
+            spec, model, fleet, kept, now, demand, sample.latency, numbers
+        )
         if pressing and (growth is None or growth >= 0) and raw < fleet.ready + 1:
             raw = fleet.ready + 1
             why += f"; the waiting line is over the band: at least {raw}"
@@ -280,19 +282,32 @@ def slo_sizing(
     kept: tuple[Recommendation, ...],
     now: dt.datetime,
     demand: float,
+    latency_ms: float,
     numbers: dict[str, Number],
 ) -> tuple[int, str, str]:
     """Issue 22: the fewest replicas whose predicted first audio meets the SLO for
-    ``attainmentPercent`` of requests at the demand forecast over the next cold start."""
+    ``attainmentPercent`` of requests at the demand forecast over the next cold start.
+
+    The variability factor is measured as well as configured: the queue latency seen over
+    the M/M/c mean wait at the load each Ready pod carries now is the factor by which this
+    fleet waits longer than Poisson arrivals and exponential service would (Allen-Cunneen);
+    the larger of it and ``slo.variability`` is used, so the model never finds the fleet
+    better off than it was seen."""
     slo = spec.slo
     f = forecast(demand, kept, now, slo.cold_start_seconds, spec.evaluation_interval_seconds)
     upper = f.rate + slo.forecast_std_devs * f.spread
     budget = (slo.first_audio_milliseconds - slo.first_chunk_milliseconds) / 1000.0
     miss = 1.0 - slo.attainment_percent / 100.0
-    k = slo.variability
-    need = replicas_for_miss(upper * model.service, model.slots, model.service, budget, miss, k)
+    slots = slo.slots_per_pod or model.slots
+    numbers["sloSlotsPerPod"] = slots
+    expected = queue_seconds(model.load / max(fleet.ready, 1), slots, model.service)
+    seen_k = latency_ms / 1000.0 / expected if math.isfinite(expected) and expected > 1e-3 else 0.0
+    k = max(slo.variability, min(seen_k, 1.0))
+    numbers["variabilitySeen"] = round(seen_k, 4)
+    numbers["variability"] = round(k, 4)
+    need = replicas_for_miss(upper * model.service, slots, model.service, budget, miss, k)
     at_need = miss_probability(
-        upper * model.service / max(need, 1), model.slots, model.service, budget, k
+        upper * model.service / max(need, 1), slots, model.service, budget, k
     )
     numbers.update(
         {
@@ -311,7 +326,7 @@ def slo_sizing(
         f"{slo.first_audio_milliseconds} ms (a wait of at most {budget:.2f} s, predicted "
         f"{100.0 * at_need:.2f} % over) at {upper:.2f} requests/s: {demand:.2f} now, trend "
         f"{60.0 * f.slope:+.2f}/min over the {slo.cold_start_seconds} s cold start, "
-        f"+{slo.forecast_std_devs:g} x {f.spread:.2f} spread"
+        f"+{slo.forecast_std_devs:g} x {f.spread:.2f} spread; variability {k:.2f}"
     )
     return need, "SloSizing", why
 

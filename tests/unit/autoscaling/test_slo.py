@@ -135,3 +135,30 @@ def test_scale_down_one_step_per_window() -> None:
         counts.append(d.replicas)
     changes = [b for a, b in itertools.pairwise(counts) if a != b]
     assert changes == [replicas_for_miss(60.0, 4, 3.0, 0.393, 0.01)]  # one event, all at once
+
+
+def test_configured_slots_replace_the_measured_ones() -> None:
+    # Measured at saturation as 2 (a line as long as what is in service): with slotsPerPod 4
+    # the sizing uses 4.
+    seen = (Recommendation(T0 - dt.timedelta(seconds=15), 40, slots_per_pod=2),)
+    d = decide(spec(slots_per_pod=4), obs(T0, 80.0, 80.0 / 3.0), Fleet(40, 40, 0), seen, T0)
+    assert d.inputs["sloSlotsPerPod"] == 4
+    assert d.inputs["sloReplicas"] == replicas_for_miss(80.0, 4, 3.0, 0.393, 0.01)
+
+
+def test_a_wait_longer_than_the_configured_variability_explains_raises_it() -> None:
+    seen = (Recommendation(T0 - dt.timedelta(seconds=15), 40, slots_per_pod=4),)
+    # 40 pods at 2 Erlangs each, 3 s requests: M/M/c predicts a mean wait of 209 ms.
+    expected = 0.2087
+    calm = decide(spec(variability=0.2), obs(T0, 80.0, 80.0 / 3.0, 0.0), Fleet(40, 40, 0), seen, T0)
+    busy = decide(
+        spec(variability=0.2),
+        obs(T0, 80.0, 80.0 / 3.0, 0.5 * 1000 * expected),
+        Fleet(40, 40, 0),
+        seen,
+        T0,
+    )
+    assert calm.inputs["variability"] == 0.2
+    # about 0.5: the wait also takes requests out of service (Little's law), so a bit less
+    assert 0.4 < float(busy.inputs["variability"]) < 0.6
+    assert int(busy.inputs["sloReplicas"]) > int(calm.inputs["sloReplicas"])

@@ -80,7 +80,7 @@ class Ours(_Base):
             max_replicas=int(p.get("max_replicas", 1000)),
             target_queue_latency_milliseconds=float(p["target_ms"]),
             evaluation_interval_seconds=int(self.interval_s),
-            scale_up=ScaleRule(0, int(p.get("up_step", 4))),
+            scale_up=ScaleRule(int(p.get("up_window_s", 0)), int(p.get("up_step", 4))),
             scale_down=ScaleRule(int(p["down_window_s"]), int(p.get("down_step", 1))),
             slo=SloSpec(
                 first_audio_milliseconds=int(p.get("slo_ms", 0)),
@@ -89,6 +89,7 @@ class Ours(_Base):
                 cold_start_seconds=int(p.get("cold_start_s", 180)),
                 forecast_std_devs=float(p.get("z", 1.0)),
                 variability=float(p.get("variability", 1.0)),
+                slots_per_pod=int(p.get("slots", 0)),
             ),
         )
         self.history: tuple[scaling.Recommendation, ...] = ()
