@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -35,6 +36,9 @@ TOLERANCE = 0.1
 # Without a concurrency signal, the most one evaluation multiplies the Ready pods by
 # (HPA's default scale-up policy allows 100 % per period).
 LATENCY_ONLY_MAX_RATIO = 2.0
+# The SLO forecast extends a rising trend only when its slope is this many standard errors
+# above 0.
+TREND_SIGNIFICANCE = 2.0
 
 
 @dataclass
@@ -347,7 +351,8 @@ def forecast(
 ) -> Forecast:
     """The demand over the next `horizon_seconds`: a least-squares line through the demand
     seen over the last two horizons (this sample included), extended over the horizon when
-    it rises; the spread is the residuals' std deviation."""
+    it rises significantly (TREND_SIGNIFICANCE standard errors); the spread is the residuals'
+    robust std deviation."""
     reach = max(2 * horizon_seconds, 4 * interval)
     points = [
         ((r.time - now).total_seconds(), r.arrivals)
@@ -363,9 +368,16 @@ def forecast(
     var_t = sum((t - mean_t) ** 2 for t, _ in points)
     slope = sum((t - mean_t) * (y - mean_y) for t, y in points) / var_t if var_t > 0 else 0.0
     residuals = [y - (mean_y + slope * (t - mean_t)) for t, y in points]
-    spread = math.sqrt(sum(r * r for r in residuals) / max(n - 2, 1))
+    # Robust: 1.4826 x the median absolute residual (the std deviation of normal noise), so
+    # that one transient (a backlog after a cold start) does not set the headroom for the
+    # whole window.
+    spread = 1.4826 * statistics.median(abs(r) for r in residuals)
     level = mean_y + slope * (0.0 - mean_t)
-    rising = max(slope, 0.0)
+    # A trend counts when the data support it: a rise at least two standard errors above 0
+    # (noise alone makes one in 40 windows look rising by that much).
+    residual_sd = math.sqrt(sum(r * r for r in residuals) / max(n - 2, 1))
+    stderr = residual_sd / math.sqrt(var_t) if var_t > 0 else math.inf
+    rising = slope if slope > TREND_SIGNIFICANCE * stderr else 0.0
     rate = max(level, 0.0) + rising * horizon_seconds
     return Forecast(rate, rising, spread)
 
