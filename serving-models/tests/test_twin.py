@@ -7,10 +7,7 @@ machine).
 Two things differ from what the operator renders, both named here: the twin's one transform
 (KIND_GPU -> KIND_CPU, ``cpu_twin.to_cpu``) and the paths (``model_dir`` and
 ``llm_tokenizer_dir`` point at the synthetic release, which the serving entrypoint's model
-view would hold). The vocoder-state inputs and outputs of ``token2wav`` are rendered by the
-operator (``render/triton.py``) once the render side lands them; until then
-:func:`with_state_io` adds exactly :data:`STATE_IO` (the check in ``test_contract.py`` says
-which is the case).
+view would hold).
 """
 
 from __future__ import annotations
@@ -37,18 +34,6 @@ from .conftest import PACKAGE_ROOT, ROOT, library_path, require_library
 
 OURS = ("cosyvoice2", "token2wav")
 FIRST_CHUNK_TOKENS = 10
-STATE_IO = {
-    "input": [
-        ("hift_cache_mel", [80, -1]),
-        ("hift_cache_source", [-1]),
-        ("hift_cache_speech", [-1]),
-    ],
-    "output": [
-        ("hift_next_mel", [80, -1]),
-        ("hift_next_source", [-1]),
-        ("hift_next_speech", [-1]),
-    ],
-}
 
 
 def service() -> Any:
@@ -58,21 +43,6 @@ def service() -> Any:
     raw["serving"]["instancesPerGpu"] = 2
     raw["serving"]["streamChunking"] = {"firstChunkTokens": FIRST_CHUNK_TOKENS}
     return spec.parse(raw)
-
-
-def with_state_io(text: str) -> str:
-    config = text_format.Parse(text, mc.ModelConfig())
-    have = {t.name for t in [*config.input, *config.output]}
-    for kind, tensors in STATE_IO.items():
-        for name, dims in tensors:
-            if name in have:
-                continue
-            tensor = getattr(config, kind).add()
-            tensor.name, tensor.data_type = name, mc.TYPE_FP32
-            tensor.dims.extend(dims)
-            if kind == "input":
-                tensor.optional = True
-    return text_format.MessageToString(config)
 
 
 def with_paths(text: str, release: Path) -> str:
@@ -91,7 +61,6 @@ def server(
     work = tmp_path_factory.mktemp("model-code")
     rendered = triton.render_repository(service(), "/engine")
     twin = cpu_twin.to_cpu(rendered)
-    twin["token2wav"] = with_state_io(twin["token2wav"])
     twin = {name: with_paths(text, release) for name, text in twin.items()}
     repo = cpu_twin.write_repository(twin, work / "repo")
     for name in OURS:

@@ -139,3 +139,33 @@ def test_an_undeclared_read_is_refused() -> None:
     with pytest.raises(ValueError, match="missing"):
         contract.parameter({}, "token2wav", "model_dir")
     assert contract.parameter({}, "cosyvoice2", "token_hop_len", "15") == "15"
+
+
+def test_token2wav_interface_carries_the_vocoder_state_the_code_uses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tensors our orchestrator sends to and asks of token2wav are rendered."""
+    import importlib.util
+    import sys
+    import types
+
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    config = text_format.Parse(
+        triton.render_repository(rendered_services()[0], "/engine")["token2wav"],
+        mc.ModelConfig(),
+    )
+    inputs = {t.name: t for t in config.input}
+    outputs = {t.name for t in config.output}
+    stub = types.ModuleType("triton_python_backend_utils")  # the backend's module, absent here
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
+    spec_ = importlib.util.spec_from_file_location(
+        "orchestrator", MODELS / "cosyvoice2" / "model.py"
+    )
+    assert spec_ is not None and spec_.loader is not None
+    orchestrator = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(orchestrator)
+    for out_name, in_name in orchestrator.STATE:
+        assert out_name in outputs
+        assert inputs[in_name].optional and inputs[in_name].data_type == mc.TYPE_FP32

@@ -42,6 +42,13 @@ LLM_BASE_PORT = 8010
 # The model directory the serving entrypoint assembles in the pod (docs/triton-repository.md).
 MODEL_VIEW = "/tmp/model_view"
 LLM_CHAT_PATH = "/v1/chat/completions"
+# CosyVoice2 token2wav's vocoder state between the chunks of a stream (serving-models/):
+# the last 8 mel frames, their excitation source and the last 160 ms of audio.
+HIFT_STATE: tuple[tuple[str, list[int]], ...] = (
+    ("mel", [80, -1]),
+    ("source", [-1]),
+    ("speech", [-1]),
+)
 # The LLM servers listen on this address (serving/launch.py binds them to it): the
 # orchestrator's URLs name it rather than "localhost", which may resolve to ::1 first.
 LLM_HOST = "127.0.0.1"
@@ -341,23 +348,30 @@ def _orchestrator(svc: ServiceSpec, paths: EnginePaths) -> dict[str, Value]:
 def _token2wav(svc: ServiceSpec, paths: EnginePaths) -> dict[str, Value]:
     # CosyVoice2's token2wav synthesises audio; CosyVoice3's stops at the mel spectrogram and
     # leaves the audio to the vocoder.
-    output = (
-        _tensor("mel", "FP32", [80, -1])
-        if svc.model.variant == "cosyvoice3"
-        else _tensor("waveform", "FP32", [-1])
+    # CosyVoice2's project model code (serving-models/) keeps no stream state in an instance:
+    # each streamed chunk returns the vocoder state (hift_next_*) and the orchestrator sends
+    # it back with the next chunk (hift_cache_*), so any instance can serve any chunk.
+    cosyvoice3 = svc.model.variant == "cosyvoice3"
+    state = [(f"hift_{{}}_{part}", dims) for part, dims in HIFT_STATE]
+    inputs: list[Value] = [
+        _tensor("target_speech_tokens", "INT32", [-1]),
+        _tensor("prompt_speech_tokens", "INT32", [-1], optional=True),
+        _tensor("prompt_speech_feat", "FP16", [-1, 80], optional=True),
+        _tensor("prompt_spk_embedding", "FP16", [-1], optional=True),
+        _tensor("token_offset", "INT32", [1], scalar=True, optional=True),
+        _tensor("finalize", "BOOL", [1], scalar=True, optional=True),
+    ]
+    outputs: list[Value] = (
+        [_tensor("mel", "FP32", [80, -1])] if cosyvoice3 else [_tensor("waveform", "FP32", [-1])]
     )
+    if not cosyvoice3:
+        inputs += [_tensor(n.format("cache"), "FP32", d, optional=True) for n, d in state]
+        outputs += [_tensor(n.format("next"), "FP32", d) for n, d in state]
     return _python_model(
         "token2wav",
         svc,
-        [
-            _tensor("target_speech_tokens", "INT32", [-1]),
-            _tensor("prompt_speech_tokens", "INT32", [-1], optional=True),
-            _tensor("prompt_speech_feat", "FP16", [-1, 80], optional=True),
-            _tensor("prompt_spk_embedding", "FP16", [-1], optional=True),
-            _tensor("token_offset", "INT32", [1], scalar=True, optional=True),
-            _tensor("finalize", "BOOL", [1], scalar=True, optional=True),
-        ],
-        [output],
+        inputs,
+        outputs,
         {"model_dir": MODEL_VIEW, "engine_manifest": paths.manifest, "plans_dir": paths.plans},
         priorities=svc.model.variant == "cosyvoice3",
     )

@@ -178,7 +178,13 @@ def test_interfaces_follow_upstream() -> None:
             ["waveform"],
         )
     )
-    assert [t.name for t in cv2["token2wav"].output] == ["waveform"]
+    # CosyVoice2's token2wav also carries the vocoder state between chunks (serving-models/).
+    assert [t.name for t in cv2["token2wav"].output] == [
+        "waveform",
+        "hift_next_mel",
+        "hift_next_source",
+        "hift_next_speech",
+    ]
     assert [(t.name, list(t.dims)) for t in cv3["token2wav"].output] == [("mel", [80, -1])]
     assert io(cv3["vocoder"]) == (
         [("mel", mc.TYPE_FP32, [80, -1], False), ("finalize", mc.TYPE_BOOL, [1], False)],
