@@ -88,12 +88,7 @@ def cluster() -> Iterator[Cluster]:
     local.up(gpu_nodes=TEST_GPU_NODES, gpus_per_node=8)
     c = Cluster(local)
     c.kubectl("apply", "--server-side", "-f", str(CRD_DIR))
-    c.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/cosyvoiceservices.tts.cosyvoice.dev",
-    )
+    local.wait_established("cosyvoiceservices.tts.cosyvoice.dev")
     try:
         yield c
     finally:

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.api_defaults import stored_minimal_spec
+from tests.conftest import Cluster
 from tests.crd_cases import (
     API_VERSION,
     BASE_SPEC,
@@ -27,7 +28,6 @@ from tests.crd_cases import (
     EXAMPLES,
     INVALID_SPECS,
     KIND,
-    Cluster,
     Json,
     merge_patch,
     schedule,
@@ -104,7 +104,7 @@ def _eventually(
 
 @pytest.mark.cluster
 def test_crd_is_established_and_structural(cluster: Cluster) -> None:
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    cluster.local.wait_established(CRD_NAME)
     crd = json.loads(cluster.kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)
     conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
     assert conditions.get("Established") == "True"

@@ -546,9 +546,7 @@ def test_with_peering_one_replica_acts_and_a_standby_takes_over(
     # in the replica of the highest priority; when it dies, the other
     # takes over once its peering entry lapses.
     cluster.kubectl("apply", "-f", str(MANIFESTS / "kopf-peering-crds.yaml"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev", "--timeout=60s"
-    )
+    cluster.local.wait_established("kopfpeerings.kopf.dev")
     cluster.apply(ns, json.dumps({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
                                   "metadata": {"name": "cvs"}}))  # fmt: skip
     fast = {"COSYVOICE_PEERING_LIFETIME_SECONDS": "10"}

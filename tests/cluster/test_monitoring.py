@@ -119,11 +119,9 @@ def prometheus_operator_crds() -> list[Path]:
 def install_crds(cluster: Cluster, crds: list[Path]) -> None:
     for path in [*crds, PEERING_CRDS]:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    for name in [*PROMETHEUS_OPERATOR_CRDS]:
-        cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s",
-            f"crd/{name}.monitoring.coreos.com",
-        )  # fmt: skip
+    cluster.local.wait_established(
+        *(f"{name}.monitoring.coreos.com" for name in PROMETHEUS_OPERATOR_CRDS)
+    )
 
 
 def labelled(cluster: Cluster, release: str) -> list[str]:

@@ -270,7 +270,7 @@ class Demo:
         self.work.mkdir(parents=True, exist_ok=True)
         kubectl = self.cluster.kubectl
         kubectl("apply", "--server-side", "-f", str(repo_file("crds")))
-        kubectl("wait", "--for=condition=Established", "crd/cosyvoiceservices.tts.cosyvoice.dev")
+        self.cluster.wait_established("cosyvoiceservices.tts.cosyvoice.dev")
         kubectl("apply", "-n", self.namespace, "-f", "-", input=json.dumps(_cache_claim()))
         services = demo_services()
         prometheus_url = None

@@ -477,6 +477,21 @@ class LocalCluster:
             raise ClusterError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc.stdout
 
+    def wait_established(self, *crds: str, timeout: float = 120) -> None:
+        """Until each named CRD (its full name) reads Established=True. Not `kubectl wait
+        --for=condition=Established`: on a CRD just created, before the API server has written
+        any condition, that fails at once ("conditions accessor error") instead of waiting."""
+        deadline = time.monotonic() + timeout
+        jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+        for crd in crds:
+            while True:
+                out = self.kubectl("get", "crd", crd, "-o", f"jsonpath={jsonpath}", check=False)
+                if out.strip() == "True":
+                    break
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"CRD {crd} not Established after {timeout:.0f}s")
+                time.sleep(0.2)
+
     def _apply(self, items: list[dict[str, Any]]) -> None:
         if not items:
             return
