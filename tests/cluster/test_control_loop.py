@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from cosyvoice_operator.api import labels
 from tests.cluster.operator_process import (
     OperatorProcess,
     cache_claim,
@@ -25,7 +26,7 @@ from tests.cluster.operator_process import (
 )
 from tests.conftest import Cluster
 
-KEY_LABEL = "tts.cosyvoice.dev/engine-key"
+KEY_LABEL = labels.KEY_LABEL
 L20 = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L20"}}
 # What only the operator does to these resources while nothing changes (kwok patches nodes
 # and pods for its heartbeats, so those are read from the operator's own count instead).

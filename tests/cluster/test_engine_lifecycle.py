@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from cosyvoice_operator.api import labels
 from tests.cluster.operator_process import (
     FAST_SETTINGS,
     OperatorProcess,
@@ -23,7 +24,7 @@ from tests.cluster.operator_process import (
 )
 from tests.conftest import Cluster
 
-KEY_LABEL = "tts.cosyvoice.dev/engine-key"
+KEY_LABEL = labels.KEY_LABEL
 MANIFESTS = Path(__file__).parent / "manifests"
 L20 = {"nvidia.com/gpu.product": "NVIDIA-L20"}
 

@@ -32,6 +32,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from cosyvoice_operator.api import labels
 from cosyvoice_operator.devtools.localcluster import ClusterError, LocalCluster
 
 AUTOSCALED = "cosyvoice3"  # the example whose pods get a Triton each, and the load
@@ -347,7 +348,7 @@ class Demo:
 
     def _ready_pods(self) -> list[str]:
         out = self.cluster.kubectl(
-            "get", "pods", "-n", self.namespace, "-l", f"tts.cosyvoice.dev/service={AUTOSCALED}",
+            "get", "pods", "-n", self.namespace, "-l", f"{labels.SERVICE_LABEL}={AUTOSCALED}",
             "-o", "json",
         )  # fmt: skip
         names = []
