@@ -44,6 +44,34 @@ FLOW_ESTIMATOR_ONNX: dict[Variant, str] = {
     Variant.COSYVOICE3: "flow.decoder.estimator.autocast_fp16.onnx",
 }
 
+# What the serving pods' model code opens in the model directory (issue 19, item 8; serving
+# audit D6): the LLM's tokenizer (the orchestrator; trtllm-serve --tokenizer), the variant's
+# yaml and the flow and HiFT weights (token2wav / vocoder), and the speech tokenizer
+# (audio_tokenizer). campplus.onnx and the estimator ONNX are checked above: the build turns
+# them into plans. spk2info.pt is optional (SPEAKER_INFO).
+TOKENIZER_FILE = "tokenizer.json"
+SPEECH_TOKENIZER_ONNX: dict[Variant, str] = {
+    Variant.COSYVOICE2: "speech_tokenizer_v2.onnx",
+    Variant.COSYVOICE3: "speech_tokenizer_v3.onnx",
+}
+# Upstream's built-in speakers, for requests without reference audio: copied with the model
+# directory when the release has it and recorded in the manifest (layout.speakerInfo); without
+# it such a request fails on its own, with a message, and nothing fails at load.
+SPEAKER_INFO = "spk2info.pt"
+
+
+def serving_files(variant: Variant, llm_subpath: str) -> tuple[str, ...]:
+    """The model directory's files the serving pods open, relative to it."""
+    tokenizer = "/".join(p for p in (llm_subpath, TOKENIZER_FILE) if p)
+    return (
+        tokenizer,
+        f"{variant.value}.yaml",
+        "flow.pt",
+        "hift.pt",
+        SPEECH_TOKENIZER_ONNX[variant],
+    )
+
+
 ENGINE_LLM_DIR = "llm"
 ENGINE_PLANS_DIR = "plans"
 ENGINE_MODEL_DIR = "model"
@@ -102,6 +130,17 @@ def resolve_layout(root: Path, variant: Variant) -> ModelLayout:
     if missing:
         names = ", ".join(str(m) for m in missing)
         raise LayoutError(f"{variant.value} needs {names}: not found in the model directory")
+    llm_rel = llm_dir.relative_to(root).as_posix()
+    unserved = [
+        rel
+        for rel in serving_files(variant, "" if llm_rel == "." else llm_rel)
+        if not (root / rel).is_file()
+    ]
+    if unserved:
+        raise LayoutError(
+            f"{variant.value}'s serving pods open {', '.join(unserved)}: not found in the model "
+            f"directory {root} (an engine without them would fail at load)"
+        )
     return ModelLayout(
         root=root,
         llm_dir=llm_dir,

@@ -42,9 +42,12 @@ def _walk_files(root: Path) -> Iterator[Path]:
 
 
 def file_entries(root: Path, *, sync: bool = False) -> list[dict[str, Any]]:
-    """One entry per regular file under ``root`` (the manifest itself excluded)."""
+    """One entry per regular file under ``root`` (the manifest itself excluded), sorted by
+    path (os.walk lists a directory's files before its subdirectories, which is not path order
+    once a file name sorts after a subdirectory's, e.g. model/speech_tokenizer_v2.onnx after
+    model/llm/)."""
     entries: list[dict[str, Any]] = []
-    for path in _walk_files(root):
+    for path in sorted(_walk_files(root), key=lambda p: p.relative_to(root).as_posix()):
         rel = path.relative_to(root).as_posix()
         if rel == MANIFEST_NAME:
             continue

@@ -35,6 +35,7 @@ from cosyvoice_engine_builder.layout import (
     ENGINE_LLM_DIR,
     ENGINE_MODEL_DIR,
     ENGINE_PLANS_DIR,
+    SPEAKER_INFO,
     LayoutError,
     ModelLayout,
     assumed_layout,
@@ -473,6 +474,8 @@ class Pipeline:
             placements.append(Placement(layout.root, ENGINE_MODEL_DIR, skip_hidden=True))
             layout_fields["modelDir"] = ENGINE_MODEL_DIR
             layout_fields["tokenizerDir"] = tokenizer_rel
+            if (layout.root / SPEAKER_INFO).is_file():
+                layout_fields["speakerInfo"] = f"{ENGINE_MODEL_DIR}/{SPEAKER_INFO}"
 
         log.line(f"assembling {r.partial_dir}")
         result = publish(

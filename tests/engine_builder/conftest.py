@@ -63,6 +63,7 @@ def make_model(
         "flow.pt": "flow weights",
         "hift.pt": "hift weights",
         f"{variant}.yaml": "yaml",
+        f"speech_tokenizer_v{variant[-1]}.onnx": "speech tokenizer onnx",
         ".cache/huggingface/download/flow.pt.metadata": "hub bookkeeping",
     }
     if variant == "cosyvoice2":

@@ -98,5 +98,8 @@ def main(tool: str) -> None:
         (dest / "llm" / "config.json").write_text("{}")
         (dest / "flow.decoder.estimator.fp32.onnx").write_bytes(b"onnx")
         (dest / "campplus.onnx").write_bytes(b"onnx")
+        (dest / "llm" / "tokenizer.json").write_text("{}")
+        for name in ("cosyvoice2.yaml", "flow.pt", "hift.pt", "speech_tokenizer_v2.onnx"):
+            (dest / name).write_bytes(b"stand-in")
     else:
         raise SystemExit(f"stand-in: unknown tool {tool}")

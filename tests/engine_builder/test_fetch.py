@@ -136,6 +136,10 @@ class FakeS3:
 MODEL_OBJECTS = {
     "models/cv2/llm/config.json": b"{}",
     "models/cv2/llm/model.safetensors": b"w",
+    "models/cv2/llm/tokenizer.json": b"{}",
+    "models/cv2/cosyvoice2.yaml": b"yaml",
+    "models/cv2/hift.pt": b"hift",
+    "models/cv2/speech_tokenizer_v2.onnx": b"onnx",
     "models/cv2/flow.decoder.estimator.fp32.onnx": b"onnx",
     "models/cv2/campplus.onnx": b"onnx",
     "models/cv2/flow.pt": b"flow",
@@ -221,22 +225,36 @@ def test_invalid_model_uris(uri: str) -> None:
 
 # ---- upstream's releases: the companions upstream's scripts download too ----------------
 
-# What each Hugging Face repository holds, reduced to the files the build looks at (the
-# official repositories have no HF-format LLM; CosyVoice3's has no autocast estimator).
+# What each Hugging Face repository holds, reduced to the files the build and the serving
+# pods look at (the official repositories have no HF-format LLM; CosyVoice3's has no
+# autocast estimator).
 HUB_REPOS: dict[str, dict[str, str]] = {
     "FunAudioLLM/CosyVoice2-0.5B": {
         "campplus.onnx": "campplus",
         "flow.decoder.estimator.fp32.onnx": "fp32 estimator",
         "cosyvoice2.yaml": "yaml",
         "llm.pt": "pytorch llm",
+        "flow.pt": "flow",
+        "hift.pt": "hift",
+        "speech_tokenizer_v2.onnx": "speech tokenizer",
     },
-    "yuekai/cosyvoice2_llm": {"config.json": "{}", "model.safetensors": "cv2 llm"},
+    "yuekai/cosyvoice2_llm": {
+        "config.json": "{}",
+        "model.safetensors": "cv2 llm",
+        "tokenizer.json": "{}",
+    },
     "FunAudioLLM/Fun-CosyVoice3-0.5B-2512": {
         "campplus.onnx": "campplus",
         "cosyvoice3.yaml": "yaml",
         "flow.pt": "flow",
+        "hift.pt": "hift",
+        "speech_tokenizer_v3.onnx": "speech tokenizer",
     },
-    "yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF": {"config.json": "{}", "model.safetensors": "llm"},
+    "yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF": {
+        "config.json": "{}",
+        "model.safetensors": "llm",
+        "tokenizer.json": "{}",
+    },
     "yuekai/Fun-CosyVoice3-0.5B-2512-FP16-ONNX": {
         "flow.decoder.estimator.autocast_fp16.onnx": "autocast estimator",
     },

@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from cosyvoice_engine_builder.commands import ToolPaths
-from cosyvoice_engine_builder.layout import MANIFEST_NAME
+from cosyvoice_engine_builder.layout import LLM_SUBDIR, MANIFEST_NAME, serving_files
 from cosyvoice_engine_builder.manifest import SCHEMA_VERSION
 from cosyvoice_engine_builder.redaction import without_secrets
 from cosyvoice_engine_builder.request import Variant
@@ -275,8 +275,43 @@ def compare(
     ]
     if variant is Variant.COSYVOICE3 or vllm:
         found += _check_llm_groups(manifest, facts, llm_groups, vllm)
+    if manifest.get("variant") == variant.value:  # else the variant's mismatch says it all
+        found += _check_model_files(manifest, engine_dir, variant)
     found += _check_files(engine_dir, key, file_problems)
     return found
+
+
+def _check_model_files(
+    manifest: Mapping[str, Any], engine_dir: Path, variant: Variant
+) -> list[Mismatch]:
+    """The files of the engine's model directory the model code opens (layout.serving_files):
+    an engine built before the builder checked them may lack one, which would otherwise be a
+    Triton load error. An artifact without a model directory (vLLM's plans) has none."""
+    layout = manifest.get("layout")
+    if not isinstance(layout, dict) or member(layout.get("modelDir")) is None:
+        return []
+    model_rel = str(layout["modelDir"])
+    tokenizer_rel = member(layout.get("tokenizerDir")) or f"{model_rel}/{LLM_SUBDIR}"
+    if tokenizer_rel == model_rel:
+        llm_sub = ""
+    elif tokenizer_rel.startswith(model_rel + "/"):
+        llm_sub = tokenizer_rel[len(model_rel) + 1 :]
+    else:
+        llm_sub = LLM_SUBDIR
+    model_dir = engine_dir / model_rel
+    missing = [rel for rel in serving_files(variant, llm_sub) if not (model_dir / rel).is_file()]
+    if not missing:
+        return []
+    return [
+        Mismatch(
+            "model-files",
+            f"the model directory {model_dir} lacks {', '.join(missing)}, which the serving "
+            "models open",
+            "the release it was built from lacks them, or an older builder published it "
+            "without checking; rebuild it from a release that has them (the builder now "
+            "refuses one that does not)",
+        )
+    ]
 
 
 def _check_key(manifest: Mapping[str, Any], engine_dir: Path, key: str) -> list[Mismatch]:
