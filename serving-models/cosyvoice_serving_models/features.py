@@ -78,3 +78,44 @@ def prompt_mel(wav16k: Any) -> Any:
     magnitude = np.sqrt(np.abs(spectrum) ** 2 + 1e-9)
     mel = magnitude.astype(np.float32) @ _BANK.T
     return np.log(np.maximum(mel, 1e-5)).astype(np.float32)
+
+
+EXPECTED = {
+    "n_fft": str(N_FFT),
+    "num_mels": str(MELS),
+    "sampling_rate": str(SAMPLE_RATE),
+    "hop_size": str(HOP),
+    "win_size": str(N_FFT),
+    "fmin": "0",
+    "fmax": str(int(F_MAX)),
+    "center": "False",
+}
+
+
+def check_release(yaml_text: str) -> None:
+    """Refuse a release whose ``feat_extractor`` (the prompt mel the flow was trained on)
+    differs from what :func:`prompt_mel` computes. Reads the entry's one-line values from the
+    yaml's text (``!ref <sample_rate>`` resolved from the top-level scalar) without building
+    anything."""
+    scalars: dict[str, str] = {}
+    feat: dict[str, str] = {}
+    found = inside = False
+    for line in yaml_text.splitlines():
+        if line and not line[0].isspace() and ":" in line:
+            key, value = (part.strip() for part in line.split(":", 1))
+            inside = key == "feat_extractor"
+            found |= inside
+            scalars[key] = value.split("#", 1)[0].strip()
+        elif inside and ":" in line:
+            key, value = (part.strip() for part in line.split(":", 1))
+            feat[key] = value.split("#", 1)[0].strip()
+    if not found:
+        raise ValueError("the release's yaml has no feat_extractor entry")
+    resolved = {}
+    for key, value in feat.items():
+        if value.startswith("!ref <") and value.endswith(">"):
+            value = scalars.get(value[len("!ref <") : -1], value)
+        resolved[key] = value
+    wrong = {k: resolved.get(k) for k, v in EXPECTED.items() if resolved.get(k) != v}
+    if wrong:
+        raise ValueError(f"the release's feat_extractor differs from the prompt mel here: {wrong}")

@@ -7,10 +7,10 @@ writes, as the engine builder lays out ``<engine>/model/`` (the upstream release
 ``FunAudioLLM/CosyVoice2-0.5B`` plus the HF LLM companion under ``llm/``):
 
 - ``cosyvoice2.yaml``: hyperpyyaml with upstream's top-level entries and class paths
-  (``llm``, ``flow``, ``hift``, ``mel_spec_transform1``, ...), dimensions shrunk. The ``llm``
-  entry names a Qwen2 checkpoint that does not exist, and ``mel_spec_transform1`` a module
-  whose import needs librosa: building either fails, which is how the tests know token2wav
-  builds only flow and HiFT;
+  (``llm``, ``flow``, ``hift``, ``feat_extractor``, ``mel_spec_transform1``), dimensions
+  shrunk. The ``llm`` entry names a Qwen2 checkpoint that does not exist, and the feature
+  extractors a module whose import needs librosa: building either fails, which is how the
+  tests know token2wav builds only flow and HiFT;
 - ``flow.pt``, ``hift.pt``: ``torch.save`` of the state dicts, as upstream's;
 - ``llm/tokenizer.json``: a byte-level tokenizer (``tokenizers`` format, as the Qwen2
   companion ships it) with upstream's special tokens ``<|sos|>``, ``<|task_id|>``,
@@ -123,6 +123,16 @@ hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
         num_class: 1
         in_channels: 80
         cond_channels: 16
+
+feat_extractor: !name:matcha.utils.audio.mel_spectrogram
+    n_fft: 1920
+    num_mels: 80
+    sampling_rate: !ref <sample_rate>
+    hop_size: 480
+    win_size: 1920
+    fmin: 0
+    fmax: 8000
+    center: False
 
 mel_spec_transform1: !name:matcha.utils.audio.mel_spectrogram
     n_fft: 1920

@@ -64,3 +64,15 @@ def test_device_is_the_one_triton_assigns(tmp_path: Path, monkeypatch: pytest.Mo
     device.record({**gpu, "model_instance_name": "token2wav_0_1"}, "cuda:3")
     entry = json.loads((tmp_path / "token2wav_0_1.json").read_text())
     assert (entry["device_id"], entry["device"]) == ("3", "cuda:3")
+
+
+def test_a_release_whose_prompt_mel_differs_is_refused() -> None:
+    from cosyvoice_serving_models.tiny_release import YAML
+
+    features.check_release(YAML)
+    entry = YAML.index("feat_extractor:")
+    other = YAML[:entry] + YAML[entry:].replace("hop_size: 480", "hop_size: 256", 1)
+    with pytest.raises(ValueError, match="hop_size"):
+        features.check_release(other)
+    with pytest.raises(ValueError, match="no feat_extractor"):
+        features.check_release(YAML.replace("feat_extractor:", "other_extractor:"))

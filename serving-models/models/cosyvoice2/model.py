@@ -74,7 +74,10 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = config.get("parameters", {})
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        self.model_dir = contract.parameter(params, MODEL, "model_dir")
+        # The release's yaml says how the flow's prompt mel is computed: refuse one that
+        # features.prompt_mel would get wrong.
+        model_dir = Path(contract.parameter(params, MODEL, "model_dir"))
+        features.check_release((model_dir / "cosyvoice2.yaml").read_text())
         tokenizer_dir = Path(contract.parameter(params, MODEL, "llm_tokenizer_dir"))
         self.tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
         eos = self.tokenizer.token_to_id("<|eos1|>")
