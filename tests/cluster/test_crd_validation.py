@@ -215,9 +215,8 @@ VALID_SPECS: list[tuple[str, Json]] = [
     ("fractional-target", {"autoscaling": {"targetQueueLatencyMilliseconds": 0.5}}),
     ("zero-replicas", {"replicas": 0}),
     (
-        "vllm-with-fp8-kv-cache-on-four-gpus",
+        "fp8-kv-cache-on-four-gpus",
         {
-            "model": {"llmRuntime": "vllm"},
             "engine": {"precision": "float16", "kvCacheType": "fp8", "tensorParallelSize": 2},
             "serving": {"gpusPerReplica": 4},
         },
