@@ -75,7 +75,8 @@ def test_the_mode_is_the_one_the_operator_renders() -> None:
     )
     cv3 = service(model={"variant": "cosyvoice3"}, serving={"gpusPerReplica": 2})
     assert launch.orchestrator_mode(triton.server_environment(two_groups))
-    for svc in (one_group, tp_group, cv3):
+    assert launch.orchestrator_mode(triton.server_environment(tp_group))
+    for svc in (one_group, cv3):
         assert not launch.orchestrator_mode(triton.server_environment(svc))
 
 

@@ -145,7 +145,7 @@ def admin_key(environ: Mapping[str, str]) -> str:
 
 
 # The operator's pod environment for the TensorRT-LLM backend's orchestrator mode
-# (operator render/triton.py server_environment(): CosyVoice2 with several LLM groups).
+# (operator render/triton.py server_environment(): CosyVoice2 with more than one LLM GPU).
 ORCHESTRATOR_ENV = "TRTLLM_ORCHESTRATOR"
 
 

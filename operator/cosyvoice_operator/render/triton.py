@@ -157,20 +157,25 @@ NO_PROXY_HOSTS = f"localhost,{LLM_HOST},::1"
 
 def trtllm_orchestrator_mode(svc: ServiceSpec) -> bool:
     """Whether the TensorRT-LLM backend runs in orchestrator mode: CosyVoice2 with more than
-    one tensor-parallel group in a pod. One group runs in leader mode, as upstream's run.sh
-    starts it (world size 1, no TRTLLM_ORCHESTRATOR)."""
-    return svc.model.variant == "cosyvoice2" and len(llm_groups(svc)) > 1
+    one LLM GPU in a pod (several groups, or a tensor-parallel engine, whose ranks the
+    orchestrator spawns). One group of one GPU runs in leader mode, as upstream's run.sh
+    starts it (world size 1, no TRTLLM_ORCHESTRATOR); leader mode with tensor parallelism
+    would need tritonserver itself started as tp MPI ranks."""
+    if svc.model.variant != "cosyvoice2":
+        return False
+    groups = llm_groups(svc)
+    return len(groups) > 1 or len(groups[0]) > 1
 
 
 def server_environment(svc: ServiceSpec) -> dict[str, str]:
     """Environment the serving container needs for this repository.
 
-    Always ``NO_PROXY`` / ``no_proxy`` for the pod's own addresses. CosyVoice2 with several
-    LLM groups: the TensorRT-LLM backend's orchestrator mode (``TRTLLM_ORCHESTRATOR=1``), in
-    which it spawns one executor per ``gpu_device_ids`` entry (``TRTLLM_ORCHESTRATOR_SPAWN_
-    PROCESSES=1``, the backend's default, written out) and Triton core balances requests over
-    them; the serving entrypoint then starts tritonserver under ``mpirun -n 1`` as
-    TensorRT-LLM's launcher does (engine-builder serving/launch.py).
+    Always ``NO_PROXY`` / ``no_proxy`` for the pod's own addresses. CosyVoice2 with more than
+    one LLM GPU (:func:`trtllm_orchestrator_mode`): the TensorRT-LLM backend's orchestrator
+    mode (``TRTLLM_ORCHESTRATOR=1``), in which it spawns one executor per ``gpu_device_ids``
+    entry (``TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1``, the backend's default, written out) and
+    Triton core balances requests over them; the serving entrypoint then starts tritonserver
+    under ``mpirun -n 1`` as TensorRT-LLM's launcher does (engine-builder serving/launch.py).
     """
     env = {"NO_PROXY": NO_PROXY_HOSTS, "no_proxy": NO_PROXY_HOSTS}
     if trtllm_orchestrator_mode(svc):

@@ -276,9 +276,9 @@ def test_server_environment_selects_the_trtllm_orchestrator_mode() -> None:
         "TRTLLM_ORCHESTRATOR": "1",
         "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1",
     }
-    # One group of two GPUs (tensor parallel) is still one instance: leader mode.
+    # One group of two GPUs (tensor parallel): its ranks are spawned, orchestrator mode too.
     tp2 = svc_of("cosyvoice2", serving={"gpusPerReplica": 2}, engine={"tensorParallelSize": 2})
-    assert triton.server_environment(tp2) == no_proxy
+    assert triton.server_environment(tp2)["TRTLLM_ORCHESTRATOR"] == "1"
     cv3 = svc_of("cosyvoice3", serving={"gpusPerReplica": 2})
     assert triton.server_environment(cv3) == no_proxy
     for host in ("localhost", "127.0.0.1"):
