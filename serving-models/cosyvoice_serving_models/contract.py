@@ -20,6 +20,25 @@ READS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
         frozenset({"model_dir", "engine_manifest", "plans_dir"}),
         frozenset(),
     ),
+    "cosyvoice3": (
+        frozenset(
+            {
+                "model_dir",
+                "llm_tokenizer_dir",
+                "dynamic_chunk_strategy",
+                "llm_api_base",
+                "llm_api_bases",
+            }
+        ),
+        frozenset({"token_hop_len"}),
+    ),
+}
+
+# The variant each model of models/ serves (CosyVoice3's token2wav is not written yet).
+VARIANT_OF: dict[str, str] = {
+    "cosyvoice2": "cosyvoice2",
+    "token2wav": "cosyvoice2",
+    "cosyvoice3": "cosyvoice3",
 }
 
 

@@ -79,7 +79,9 @@ def server(
         triton_server.stop()
 
 
-def stream(server: cpu_twin.TritonServer, targets: list[str]) -> dict[str, list[Any]]:
+def stream(
+    server: cpu_twin.TritonServer, targets: list[str], model: str = "cosyvoice2"
+) -> dict[str, list[Any]]:
     """Send every target as its own stream at once; each stream's chunks in arrival order."""
     import tritonclient.grpc as grpcclient
 
@@ -92,7 +94,7 @@ def stream(server: cpu_twin.TritonServer, targets: list[str]) -> dict[str, list[
             request_id = str(uuid.uuid4())
             ids[request_id] = target
             client.async_stream_infer(
-                "cosyvoice2",
+                model,
                 cpu_twin.request_inputs(target),
                 request_id=request_id,
                 enable_empty_final_response=True,

@@ -22,14 +22,12 @@ from .conftest import PACKAGE_ROOT
 
 ROOT = PACKAGE_ROOT.parent
 MODELS = PACKAGE_ROOT / "models"
-VARIANT = "cosyvoice2"
 # Python models of the rendered repositories whose code is not written here yet: they still
 # run upstream's (serving-models/README.md, "What remains"). Listed so that the test fails
 # when one is added without its contract entry, or one is written and still listed.
 NOT_YET_OURS = {
     ("cosyvoice2", "audio_tokenizer"),
     ("cosyvoice2", "speaker_embedding"),
-    ("cosyvoice3", "cosyvoice3"),
     ("cosyvoice3", "token2wav"),
     ("cosyvoice3", "vocoder"),
     ("cosyvoice3", "audio_tokenizer"),
@@ -75,18 +73,19 @@ def test_every_python_model_is_ours_or_listed_as_not_yet() -> None:
         for model, declared in models.items()
         if declared.reader == model_parameters.MODEL_CODE
     }
-    written = {(VARIANT, m) for m in ours()}
+    written = {(contract.VARIANT_OF[m], m) for m in ours()}
     assert written | NOT_YET_OURS == python_models
     assert not written & NOT_YET_OURS
 
 
 @pytest.mark.parametrize("model", ours())
 def test_the_code_reads_exactly_what_the_renderer_declares(model: str) -> None:
-    declared = model_parameters.MODEL_PARAMETERS[VARIANT][model]
+    variant = contract.VARIANT_OF[model]
+    declared = model_parameters.MODEL_PARAMETERS[variant][model]
     required, optional = contract.READS[model]
     assert required == frozenset(declared.always) - frozenset(declared.backend_keys)
     assert optional == frozenset(declared.sometimes)
-    assert required | optional == model_parameters.read_by_model_code(VARIANT, model)
+    assert required | optional == model_parameters.read_by_model_code(variant, model)
     keys, bypass = reads_in_source(MODELS / model / "model.py")
     assert not bypass, f"{model}/model.py reads parameters other than through contract.parameter"
     assert keys == required | optional
@@ -98,16 +97,25 @@ def rendered_services() -> list[spec.ServiceSpec]:
     raw["serving"]["streamChunking"] = {"firstChunkTokens": 9, "hopGrowth": "equal"}
     raw["serving"]["gpusPerReplica"] = 2
     services.append(spec.parse(raw))
+    raw3 = yaml.safe_load((ROOT / "examples" / "cosyvoice3.yaml").read_text())["spec"]
+    services.append(spec.parse(raw3))
+    raw3["serving"]["gpusPerReplica"] = 2
+    raw3["serving"]["streamChunking"] = {"firstChunkTokens": 20}
+    services.append(spec.parse(raw3))
     return services
 
 
-@pytest.mark.parametrize("svc", rendered_services(), ids=["example", "chunking-2gpu"])
+@pytest.mark.parametrize(
+    "svc", rendered_services(), ids=["cv2", "cv2-chunking-2gpu", "cv3", "cv3-chunking-2gpu"]
+)
 def test_every_rendered_parameter_has_a_reader(svc: spec.ServiceSpec) -> None:
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
     rendered = triton.render_repository(svc, "/engine")
     for model in ours():
+        if contract.VARIANT_OF[model] != svc.model.variant:
+            continue
         config = text_format.Parse(rendered[model], mc.ModelConfig())
         keys = set(config.parameters) - contract.BACKEND_KEYS
         required, optional = contract.READS[model]

@@ -76,3 +76,19 @@ def test_a_release_whose_prompt_mel_differs_is_refused() -> None:
         features.check_release(other)
     with pytest.raises(ValueError, match="no feat_extractor"):
         features.check_release(YAML.replace("feat_extractor:", "other_extractor:"))
+
+
+def test_llm_groups_least_loaded_across_holders(tmp_path: Path) -> None:
+    from cosyvoice_serving_models.llm_groups import LeastLoaded
+
+    urls = ["http://127.0.0.1:8010/v1", "http://127.0.0.1:8011/v1"]
+    a, b = LeastLoaded(urls, str(tmp_path)), LeastLoaded(urls, str(tmp_path))  # two processes
+    with a.slot() as first, b.slot() as second, a.slot() as third:
+        assert (first, second, third) == (urls[0], urls[1], urls[0])
+        assert b.counts() == [2, 1]
+        with b.slot() as fourth:
+            assert fourth == urls[1]
+    assert a.counts() == [0, 0]
+    with pytest.raises(RuntimeError), a.slot():
+        raise RuntimeError("a failed stream gives its slot back too")
+    assert a.counts() == [0, 0]
