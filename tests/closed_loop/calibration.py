@@ -23,12 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cosyvoice_operator.devtools.closedloop.harness import (
-    DEFAULT_TEXT,
-    LoadGenerator,
-    PodServers,
-    RequestRecord,
-)
+from cosyvoice_operator.devtools.closedloop.harness import PodServers
+from cosyvoice_operator.devtools.closedloop.load import DEFAULT_TEXT, LoadGenerator, RequestRecord
 from cosyvoice_operator.devtools.sim.engine import quantile
 from cosyvoice_operator.devtools.sim.plant import Plant, ServiceModel
 from cosyvoice_operator.render import triton

@@ -12,14 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cosyvoice_operator.devtools.closedloop.harness import (
-    LoadGenerator,
-    PodServers,
-    Prometheus,
-    read_targets,
-    ready_pods,
-    twin_repository,
-)
+from cosyvoice_operator.devtools.closedloop.harness import PodServers, ready_pods, twin_repository
+from cosyvoice_operator.devtools.closedloop.load import LoadGenerator
+from cosyvoice_operator.devtools.closedloop.prometheus import Prometheus, read_targets
 from cosyvoice_operator.render import triton
 from tests.triton_twin.test_twin import parse, service
 

@@ -18,7 +18,9 @@ import pytest
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 
-from cosyvoice_operator.devtools.closedloop.harness import LoadGenerator, PodServers, Prometheus
+from cosyvoice_operator.devtools.closedloop.harness import PodServers
+from cosyvoice_operator.devtools.closedloop.load import LoadGenerator
+from cosyvoice_operator.devtools.closedloop.prometheus import Prometheus
 from cosyvoice_operator.shell import prometheus_source as ms
 from cosyvoice_operator.shell.prometheus_source import PrometheusSource, Sample
 from tests.triton_twin.test_twin import service

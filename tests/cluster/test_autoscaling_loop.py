@@ -23,12 +23,9 @@ from typing import Any
 import pytest
 
 from cosyvoice_operator.api.spec import parse
-from cosyvoice_operator.devtools.closedloop.harness import (
-    LoadGenerator,
-    PodServers,
-    Prometheus,
-    ready_pods,
-)
+from cosyvoice_operator.devtools.closedloop.harness import PodServers, ready_pods
+from cosyvoice_operator.devtools.closedloop.load import LoadGenerator
+from cosyvoice_operator.devtools.closedloop.prometheus import Prometheus
 from cosyvoice_operator.devtools.localcluster.binaries import kubectl_path
 from tests.cluster.operator_process import (
     OperatorProcess,

@@ -47,12 +47,9 @@ import pytest
 import yaml
 
 from cosyvoice_operator.api.spec import parse
-from cosyvoice_operator.devtools.closedloop.harness import (
-    LoadGenerator,
-    PodServers,
-    Prometheus,
-    ready_pods,
-)
+from cosyvoice_operator.devtools.closedloop.harness import PodServers, ready_pods
+from cosyvoice_operator.devtools.closedloop.load import LoadGenerator
+from cosyvoice_operator.devtools.closedloop.prometheus import Prometheus
 from cosyvoice_operator.devtools.localcluster import binaries
 from tests.cluster.operator_process import (
     OperatorProcess,

@@ -277,7 +277,8 @@ class Demo:
         prometheus_url = None
         if self.without_loop is None:
             from cosyvoice_operator.api.spec import parse
-            from cosyvoice_operator.devtools.closedloop.harness import PodServers, Prometheus
+            from cosyvoice_operator.devtools.closedloop.harness import PodServers
+            from cosyvoice_operator.devtools.closedloop.prometheus import Prometheus
 
             targets = self.work / "targets.json"
             self.prometheus = Prometheus(self.work / "prometheus", targets, scrape_interval=1.0)
@@ -298,7 +299,7 @@ class Demo:
         self._start_operator(prometheus_url)
         kubectl("apply", "-n", self.namespace, "-f", "-", input=json.dumps(_list(services)))
         if self.servers is not None:
-            from cosyvoice_operator.devtools.closedloop.harness import LoadGenerator
+            from cosyvoice_operator.devtools.closedloop.load import LoadGenerator
             from cosyvoice_operator.render import triton
 
             self.load = LoadGenerator(self.servers.grpc_urls, triton.orchestrator(AUTOSCALED))
