@@ -86,6 +86,17 @@ Rules, in the order they apply (each has rows in tests/unit/autoscaling/test_pol
    ``q * ready / (N - 1)`` stays under the band.
    No Ready pod: hold (nothing to measure per pod), except a fleet at 0 replicas that sees
    requests, which gets 1.
+4b. SLO sizing (``spec.autoscaling.slo.firstAudioMilliseconds`` > 0, issue 22), in place of
+   rule 4's targets when there is a concurrency signal (`assessment.slo_sizing`): the raw
+   recommendation is the fewest replicas whose predicted share of requests waiting longer
+   than ``SLO - firstChunk`` (Erlang C's tail, scaled by the variability factor: the larger
+   of ``slo.variability`` and the queue latency seen over the M/M/c mean wait, capped at 1)
+   is at most ``100 - attainmentPercent`` %, at the demand forecast over
+   ``coldStartSeconds`` (a least-squares trend over two cold starts, extended when its rise
+   is significant, plus ``forecastStdDevs`` robust spreads), on ``slotsPerPod`` slots when
+   set. Above the band it is never below the count in force; under pressure at least one
+   more than the Ready pods. Rule 7 then waits a whole scale-down window after the last
+   change before a step down (one event per window).
 5. Scale-up counts capacity already on its way: what is asked for is
    ``up recommendation - max(current, ready + starting)``; if the pods starting (or not yet
    created) cover it, hold. E.g. current 4, ready 2, starting 2, recommendation 4: hold, not 6.
