@@ -44,6 +44,15 @@ _DEFAULTS: dict[str, Any] = {
         "evaluationIntervalSeconds": 15,
         "scaleUp": {"stabilizationWindowSeconds": 0, "maxStepReplicas": 4},
         "scaleDown": {"stabilizationWindowSeconds": 300, "maxStepReplicas": 1},
+        "slo": {
+            "firstAudioMilliseconds": 0,
+            "attainmentPercent": 99,
+            "firstChunkMilliseconds": 1107,
+            "coldStartSeconds": 180,
+            "forecastStdDevs": 1,
+            "variability": 1,
+            "slotsPerPod": 0,
+        },
         "prometheusUrl": "",
     },
 }
