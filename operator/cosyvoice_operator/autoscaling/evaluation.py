@@ -24,7 +24,6 @@ from typing import Any
 
 from cosyvoice_operator.api import conditions
 from cosyvoice_operator.api.spec import ServiceSpec
-from cosyvoice_operator.autoscaling import policy
 from cosyvoice_operator.autoscaling import sample as samples
 from cosyvoice_operator.autoscaling.policy import Decision, Fleet, Observation
 from cosyvoice_operator.autoscaling.sample import Sample
@@ -340,13 +339,3 @@ def _essence(c: Mapping[str, Any]) -> tuple[str, str, str, Any]:
         _masked(str(c.get("message", ""))),
         c.get("observedGeneration"),
     )
-
-
-def decide(
-    svc: ServiceSpec,
-    obs: Observation,
-    current: Fleet,
-    history: Sequence[policy.Recommendation],
-    now: dt.datetime,
-) -> Decision:
-    return policy.decide(svc.autoscaling, obs, current, history, now)

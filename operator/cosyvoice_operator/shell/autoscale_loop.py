@@ -15,7 +15,7 @@ from typing import Any
 
 from cosyvoice_operator.api.effects import PatchStatus, PostEvent
 from cosyvoice_operator.api.spec import ServiceSpec, SpecError, parse
-from cosyvoice_operator.autoscaling import evaluation
+from cosyvoice_operator.autoscaling import evaluation, policy
 from cosyvoice_operator.autoscaling.policy import Decision, Observation, Recommendation
 from cosyvoice_operator.render import triton
 from cosyvoice_operator.shell import metrics
@@ -86,7 +86,9 @@ class Autoscaler:
         fleet = evaluation.fleet(deployments, pods)
         now = self.clock()
         obs = await self._observe(svc, namespace, evaluation.ready_pod_names(pods), now)
-        decision = evaluation.decide(svc, obs, fleet, self.recommendations.get(ref, ()), now)
+        decision = policy.decide(
+            svc.autoscaling, obs, fleet, self.recommendations.get(ref, ()), now
+        )
         names = {str(d["metadata"]["name"]) for d in deployments}
         autoscalers = [
             h for h in self.caches.autoscalers if h["metadata"].get("namespace") == namespace
