@@ -113,12 +113,14 @@ def test_the_image_puts_things_where_serve_looks_for_them() -> None:
     assert len(entrypoints) == 1
     assert json.loads(entrypoints[0].removeprefix("ENTRYPOINT")) == ["cosyvoice-serve"]
     dockerfile = SERVING.read_text()
-    # serve's --model-code default is where the upstream stage's models are copied.
+    # serve's --model-code default is where the upstream stage lays out the models' code
+    # (ours and the rest of upstream's: serving-image/model-code.list, checked in
+    # tests/serving_models/test_image_model_code.py).
     assert Path("/opt/cosyvoice/models") == options.DEFAULT_MODEL_CODE
     assert "COPY --from=upstream /out/opt/cosyvoice /opt/cosyvoice" in dockerfile
-    assert 'mkdir -p "${out}/models/${variant}/${name}"' in dockerfile
-    # Only upstream's code directories: config.pbtxt files come from the operator.
-    assert 'cp -r "${model}1" "${out}/models/${variant}/${name}/1"' in dockerfile
+    assert 'place-model-code.sh /src/serving-image/model-code.list \\\n' in dockerfile
+    assert '"${out}/models"' in dockerfile
+    # Only code directories: config.pbtxt files come from the operator.
     assert "config.pbtxt" not in re.sub(r"#.*", "", dockerfile)
     # The writable places serve defaults to are under the pod's /tmp emptyDir.
     assert options.DEFAULT_MODEL_REPOSITORY.parent == Path("/tmp")

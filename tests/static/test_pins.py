@@ -74,7 +74,7 @@ def test_base_images_are_by_digest_or_say_why_not() -> None:
 def test_the_serving_images_own_pip_names_are_exact() -> None:
     (install,) = [i for i in _instructions(SERVING) if "pip install --no-cache-dir -c" in i]
     named = re.findall(r'"([A-Za-z0-9_.-]+)([<>=!~]=?[^"]*)?"', install)
-    assert {n for n, _ in named} == {"s3tokenizer", "httpx"}
+    assert {n for n, _ in named} == {"s3tokenizer"}
     assert all(spec.startswith("==") for _, spec in named), named
 
 
