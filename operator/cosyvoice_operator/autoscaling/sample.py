@@ -30,8 +30,6 @@ class Sample:
     no_traffic: bool
     first_response_p95_ms: float | None
     pods_seen: int  # how many of the given pods had fresh series
-    llm_waiting: float | None = None
-    llm_running: float | None = None
 
 
 def unavailable(reason: str, message: str, pods_seen: int = 0) -> Sample:

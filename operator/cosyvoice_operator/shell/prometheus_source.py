@@ -14,12 +14,7 @@
 - ``completion_rate``: completed requests per second;
 - ``first_response_p95_ms``: the 95th percentile of time to first response, when Triton
   exports its first-response histogram (off by default, and absent for Python-backend
-  decoupled models on Triton 2.51); else None;
-- ``llm_waiting`` / ``llm_running``: requests waiting for and running in the pods' vLLM
-  servers (``vllm:num_requests_waiting`` / ``vllm:num_requests_running``), where those
-  series exist (``spec.model.llmRuntime: vllm``, their ports scraped); else None. The
-  waiting ones are added to ``pending_requests``: the orchestrator holds them while they
-  wait, so Triton counts them as executing, yet they are queued work all the same.
+  decoupled models on Triton 2.51); else None.
 
 The point of the module is to never turn "Prometheus does not know" into a number. A sample
 is ``available`` only when the pods' series are there and fresh; otherwise it says why:
@@ -121,9 +116,6 @@ SUCCESS = "nv_inference_request_success"
 QUEUE_US = "nv_inference_queue_duration_us"
 REQUEST_US = "nv_inference_request_duration_us"
 FIRST_RESPONSE_BUCKET = "nv_inference_first_response_histogram_ms_bucket"
-# vLLM's gauges (its /metrics, on each LLM server's port); no model label of Triton's.
-VLLM_WAITING = "vllm:num_requests_waiting"
-VLLM_RUNNING = "vllm:num_requests_running"
 # Completions per second below which the queue-time ratio stops dividing (see the docstring).
 EPSILON = 1e-6
 FIRST_RESPONSE_QUANTILE = 0.95
@@ -156,11 +148,6 @@ def selector(namespace: str, pods: Sequence[str], model: str) -> str:
     return f"namespace={_string(namespace)},pod=~{_string(pod_regex(pods))},model={_string(model)}"
 
 
-def pod_selector(namespace: str, pods: Sequence[str]) -> str:
-    """The label matchers of one service's pods, whatever the model."""
-    return f"namespace={_string(namespace)},pod=~{_string(pod_regex(pods))}"
-
-
 @dataclass(frozen=True)
 class Queries:
     """The PromQL of one sample, for a selector and a rate window."""
@@ -171,11 +158,9 @@ class Queries:
     in_flight: str
     completion_rate: str
     first_response_p95_ms: str
-    llm_waiting: str = ""
-    llm_running: str = ""
 
     @classmethod
-    def build(cls, matchers: str, window_seconds: int, pod_matchers: str = "") -> Queries:
+    def build(cls, matchers: str, window_seconds: int) -> Queries:
         w = f"[{window_seconds}s]"
 
         def rate_sum(metric: str) -> str:
@@ -194,12 +179,6 @@ class Queries:
                 f"histogram_quantile({FIRST_RESPONSE_QUANTILE}, "
                 f"sum by (le) (rate({FIRST_RESPONSE_BUCKET}{{{matchers}}}{w})))"
             ),
-            llm_waiting=f'sum({{__name__="{VLLM_WAITING}",{pod_matchers}}})'
-            if pod_matchers
-            else "",
-            llm_running=f'sum({{__name__="{VLLM_RUNNING}",{pod_matchers}}})'
-            if pod_matchers
-            else "",
         )
 
 
@@ -370,9 +349,7 @@ class PrometheusSource:
                 f"at {self.shown_url}: is Prometheus still scraping them?",
             )
         seen = len(fresh)
-        q = Queries.build(
-            selector(namespace, fresh, model), self.window_seconds, pod_selector(namespace, fresh)
-        )
+        q = Queries.build(selector(namespace, fresh, model), self.window_seconds)
         values: dict[str, float] = {}
         for name, query in (
             ("pending", q.pending),
@@ -396,13 +373,6 @@ class PrometheusSource:
         p95 = _scalar(self._query(q.first_response_p95_ms, deadline), q.first_response_p95_ms)
         # No histogram, or no observation in the window (histogram_quantile gives NaN): None.
         first_response = p95 if p95 is not None and math.isfinite(p95) else None
-        # vLLM's gauges, where the pods have them (an empty answer: no vLLM, not "zero").
-        llm: dict[str, float | None] = {}
-        for name, query in (("waiting", q.llm_waiting), ("running", q.llm_running)):
-            value = _scalar(self._query(query, deadline), query)
-            llm[name] = value if value is not None and math.isfinite(value) else None
-        if llm["waiting"] is not None:
-            values["pending"] += llm["waiting"]
         no_traffic = (
             values["completion_rate"] == 0 and values["pending"] == 0 and values["in_flight"] == 0
         )
@@ -421,8 +391,6 @@ class PrometheusSource:
             no_traffic=no_traffic,
             first_response_p95_ms=first_response,
             pods_seen=seen,
-            llm_waiting=llm["waiting"],
-            llm_running=llm["running"],
         )
 
     def _fresh_pods(self, query: str, pods: list[str], deadline: float) -> tuple[list[str], float]:

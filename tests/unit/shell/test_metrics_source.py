@@ -53,10 +53,6 @@ def kind(query: str) -> str:
         return "completion_rate"
     if query.startswith(f"sum({ms.PENDING}"):
         return "pending"
-    if ms.VLLM_WAITING in query:
-        return "llm_waiting"
-    if ms.VLLM_RUNNING in query:
-        return "llm_running"
     raise AssertionError(f"unexpected query {query}")
 
 
@@ -89,8 +85,7 @@ class FakePrometheus:
                 {"metric": {"pod": pod}, "value": [NOW, repr(at)]}
                 for pod, at in self.sample_times.items()
             ]
-        # vLLM's gauges exist only where a test gives them (pods without vLLM have none).
-        value = self.values.get(what) if what.startswith("llm_") else self.values[what]
+        value = self.values[what]
         return [] if value is None else [{"metric": {}, "value": [NOW, value]}]
 
 
@@ -152,10 +147,8 @@ def test_busy_pods_give_every_signal() -> None:
         first_response_p95_ms=None,
         pods_seen=2,
     )
-    # Triton's series of the orchestrator; vLLM's gauges carry no Triton model label.
-    triton = [q for q in fake.queries if "vllm:" not in q]
-    assert all('namespace="tts"' in q and 'model="cosyvoice2"' in q for q in triton)
-    assert all('namespace="tts"' in q for q in fake.queries)
+    # Triton's series of the orchestrator, and nothing else.
+    assert all('namespace="tts"' in q and 'model="cosyvoice2"' in q for q in fake.queries)
 
 
 def test_first_response_p95_when_the_histogram_exists() -> None:
@@ -346,33 +339,6 @@ def test_samples_of_many_services_at_once() -> None:
     got = asyncio.run(many())
     assert all(s.available for s in got)
     assert time.monotonic() - started < 6 * 0.05 * 4  # in parallel threads, not one by one
-
-
-# ---- vLLM's gauges -------------------------------------------------------------------------
-
-
-def test_without_vllm_series_the_llm_gauges_are_none_and_pending_is_tritons() -> None:
-    got = sample(FakePrometheus(BUSY))
-    assert got.available
-    assert got.llm_waiting is None and got.llm_running is None
-    assert got.pending_requests == 3.0
-
-
-def test_vllm_waiting_requests_join_the_pending_ones() -> None:
-    fake = FakePrometheus({**BUSY, "llm_waiting": "5", "llm_running": "12"}, {"p-0": NOW - 1.0})
-    got = sample(fake)
-    assert got.available
-    assert (got.llm_waiting, got.llm_running) == (5.0, 12.0)
-    # Triton's 3 queued requests and the 5 the orchestrator holds while vLLM queues them.
-    assert got.pending_requests == 8.0
-    waiting = [q for q in fake.queries if ms.VLLM_WAITING in q]
-    assert waiting == ['sum({__name__="vllm:num_requests_waiting",namespace="tts",pod=~"^(p-0)$"})']
-
-
-def test_a_nan_vllm_gauge_is_left_out_not_added() -> None:
-    got = sample(FakePrometheus({**BUSY, "llm_waiting": "NaN", "llm_running": "1"}))
-    assert got.llm_waiting is None
-    assert got.pending_requests == 3.0
 
 
 @pytest.mark.parametrize(
