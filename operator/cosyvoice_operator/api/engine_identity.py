@@ -6,9 +6,9 @@ limits, builder image, GPU architecture) and nothing else. Serving settings, rep
 autoscaling never enter it, so changing them never rebuilds; changing any input does.
 Services that resolve to the same key share one engine.
 
-The fields added after the first release (KV-cache type, SmoothQuant, LLM runtime, artifact,
-companion revisions) enter the key only when they differ from their defaults: an existing
-spec keeps its key (and its built engine) across the upgrade that introduced them.
+The fields added after the first release (KV-cache type, SmoothQuant, companion revisions)
+enter the key only when they differ from their defaults: an existing spec keeps its key (and
+its built engine) across the upgrade that introduced them.
 
 Companion revisions: the commits the operator is configured to fetch an upstream release's
 companion repositories at (COSYVOICE_COMPANION_REVISIONS, by release URI). They change the
@@ -16,17 +16,12 @@ bytes built, so they are in the key of that release's engines (and only of those
 them a companion is fetched at its default branch, and the commit it resolved to is only in
 the engine's manifest.
 
-Three kinds of artifact (``EngineIdentity.artifact``):
-
-- ``engine``: ``spec.model.llmRuntime: tensorrt-llm`` (the default): the TensorRT-LLM engine
-  and the TensorRT plans of the flow estimator and speaker embedding, per GPU architecture.
-- ``plans``: ``llmRuntime: vllm``: only the TensorRT plans, still per GPU architecture; there
-  is no LLM engine, so no LLM option (precision, parallelism, limits) enters its key.
-- ``checkpoint``: ``llmRuntime: vllm``: the release as fetched (the LLM's Hugging Face
-  checkpoint that ``vllm serve`` loads, and the rest of the model directory), with no GPU
-  architecture in its key: one copy serves every GPU. vLLM's own settings (dtype, KV-cache
-  type, tensor parallelism, batch and token limits) are ``vllm serve`` flags in the serving
-  pods, so changing them rolls the pods and rebuilds nothing.
+Every engine is the TensorRT-LLM engine and the TensorRT plans of the flow estimator and
+speaker embedding, per GPU architecture (``spec.model.llmRuntime: vllm`` is refused, issue 19
+item 9). Build Jobs and records of vLLM's artifacts made before that (``llmRuntime: vllm``
+with ``artifact: plans`` or ``checkpoint`` in their identity) are read without those two
+fields: their precision ``none`` is no engine any service wants, so the cleanup stops and
+removes them like any other unwanted one (``plan/cleanup.py``).
 """
 
 from __future__ import annotations
@@ -64,8 +59,6 @@ class EngineIdentity:
     kv_cache_type: str = "auto"
     # "alpha=0.5,per_token,per_channel" with precision int8-smoothquant, else "".
     smooth_quant: str = ""
-    llm_runtime: str = "tensorrt-llm"
-    artifact: str = "engine"  # engine | plans | checkpoint
     # "hf://ORG/NAME=COMMIT,..." (sorted): the pinned companions of an upstream release.
     companion_revisions: str = ""
 
@@ -84,26 +77,17 @@ class EngineIdentity:
 
     @property
     def short_name(self) -> str:
-        """``sm90-<key prefix>`` (``ckpt-<key prefix>`` for an architecture-free checkpoint):
-        readable and unique enough for object names."""
-        return f"{self.gpu_arch.replace('_', '') or 'ckpt'}-{self.key[:20]}"
-
-    @property
-    def has_llm_engine(self) -> bool:
-        return self.artifact == "engine"
+        """``sm90-<key prefix>``: readable and unique enough for object names."""
+        return f"{self.gpu_arch.replace('_', '')}-{self.key[:20]}"
 
 
 _KEY_NEUTRAL: dict[str, str] = {
     "kv_cache_type": "auto",
     "smooth_quant": "",
-    "llm_runtime": "tensorrt-llm",
-    "artifact": "engine",
     "companion_revisions": "",
 }
 # (release URI, companion URI, commit) of every configured pin.
 CompanionPins = tuple[tuple[str, str, str], ...]
-# What a plans-only or checkpoint identity holds in the LLM fields it has no use for.
-NO_LLM_PRECISION = "none"
 
 # The identity's JSON form (build Job annotation, record data): camelCase, the later fields
 # only where not at their default, so the records of existing engines read the same.
@@ -119,8 +103,6 @@ _DICT_NAMES: tuple[tuple[str, str], ...] = (
     ("gpu_arch", "gpuArch"),
     ("kv_cache_type", "kvCacheType"),
     ("smooth_quant", "smoothQuant"),
-    ("llm_runtime", "llmRuntime"),
-    ("artifact", "artifact"),
     ("companion_revisions", "companionRevisions"),
 )
 
@@ -132,7 +114,8 @@ def identity_to_dict(ident: EngineIdentity) -> dict[str, Any]:
 
 def identity_from_dict(data: Mapping[str, Any]) -> EngineIdentity:
     """The inverse of :func:`identity_to_dict`; KeyError, ValueError or TypeError if it is not
-    one."""
+    one. An old vLLM artifact's ``llmRuntime`` and ``artifact`` are not read (module
+    docstring)."""
     return EngineIdentity(
         model_uri=str(data["modelUri"]),
         revision=str(data["revision"]),
@@ -145,8 +128,6 @@ def identity_from_dict(data: Mapping[str, Any]) -> EngineIdentity:
         gpu_arch=str(data["gpuArch"]),
         kv_cache_type=str(data.get("kvCacheType", "auto")),
         smooth_quant=str(data.get("smoothQuant", "")),
-        llm_runtime=str(data.get("llmRuntime", "tensorrt-llm")),
-        artifact=str(data.get("artifact", "engine")),
         companion_revisions=str(data.get("companionRevisions", "")),
     )
 
@@ -179,24 +160,7 @@ def companions_of(spec: ServiceSpec, pins: CompanionPins) -> str:
 def identity(
     spec: ServiceSpec, gpu_arch: str, default_builder_image: str, pins: CompanionPins = ()
 ) -> EngineIdentity:
-    """The per-architecture build: the TensorRT-LLM engine, or with vLLM the plans alone."""
-    builder_image = spec.engine.builder_image or default_builder_image
-    companions = companions_of(spec, pins)
-    if spec.model.llm_runtime == "vllm":
-        return EngineIdentity(
-            model_uri=spec.model.uri,
-            revision=spec.model.revision,
-            variant=spec.model.variant,
-            precision=NO_LLM_PRECISION,
-            tensor_parallel_size=1,
-            max_batch_size=0,
-            max_num_tokens=0,
-            builder_image=builder_image,
-            gpu_arch=gpu_arch,
-            llm_runtime="vllm",
-            artifact="plans",
-            companion_revisions=companions,
-        )
+    """The per-architecture build: the TensorRT-LLM engine and the plans."""
     return EngineIdentity(
         model_uri=spec.model.uri,
         revision=spec.model.revision,
@@ -205,35 +169,10 @@ def identity(
         tensor_parallel_size=spec.engine.tensor_parallel_size,
         max_batch_size=spec.engine.max_batch_size,
         max_num_tokens=spec.engine.max_num_tokens,
-        builder_image=builder_image,
+        builder_image=spec.engine.builder_image or default_builder_image,
         gpu_arch=gpu_arch,
         kv_cache_type=kv_cache_of(spec),
         smooth_quant=smooth_quant_of(spec),
-        companion_revisions=companions,
-    )
-
-
-def checkpoint_identity(
-    spec: ServiceSpec, default_builder_image: str, pins: CompanionPins = ()
-) -> EngineIdentity | None:
-    """With vLLM, the fetched release every architecture serves from; None otherwise.
-
-    The builder image stays in the key: the fetch program and the directory layout it
-    writes come from it."""
-    if spec.model.llm_runtime != "vllm":
-        return None
-    return EngineIdentity(
-        model_uri=spec.model.uri,
-        revision=spec.model.revision,
-        variant=spec.model.variant,
-        precision=NO_LLM_PRECISION,
-        tensor_parallel_size=0,
-        max_batch_size=0,
-        max_num_tokens=0,
-        builder_image=spec.engine.builder_image or default_builder_image,
-        gpu_arch="",
-        llm_runtime="vllm",
-        artifact="checkpoint",
         companion_revisions=companions_of(spec, pins),
     )
 
@@ -266,18 +205,10 @@ class EnginePlan:
     rejected: tuple[RejectedProduct, ...]
     # where the products came from: "spec" (spec.engine.gpuProducts) or "nodes"
     source: str
-    # vLLM: the architecture-free checkpoint every target serves from (its products: all
-    # of the targets'); None with TensorRT-LLM.
-    checkpoint: EngineTarget | None = None
 
     @property
     def product_count(self) -> int:
         return sum(len(t.products) for t in self.targets) + len(self.rejected)
-
-    @property
-    def builds(self) -> tuple[EngineTarget, ...]:
-        """Everything the service needs built or fetched: the targets, then the checkpoint."""
-        return self.targets + ((self.checkpoint,) if self.checkpoint is not None else ())
 
 
 def eligible_products(spec: ServiceSpec, nodes: Iterable[gpus.GPUNode]) -> list[str]:
@@ -314,8 +245,7 @@ def plan(
         except gpus.UnknownGPUProduct as exc:
             rejected.append(RejectedProduct(product, "", "UnknownGPUProduct", str(exc)))
             continue
-        # Building would burn a GPU for an engine that fails at load (or at build); with
-        # vLLM the same limits hold for what vLLM runs (its dtype, its KV cache).
+        # Building would burn a GPU for an engine that fails at load (or at build).
         why = gpus.precision_unsupported(precision, arch)
         if why:
             rejected.append(
@@ -345,8 +275,4 @@ def plan(
         EngineTarget(identity(spec, arch, default_builder_image, pins), tuple(prods))
         for arch, prods in sorted(by_arch.items())
     )
-    checkpoint = None
-    ckpt = checkpoint_identity(spec, default_builder_image, pins)
-    if ckpt is not None and targets:
-        checkpoint = EngineTarget(ckpt, tuple(p for t in targets for p in t.products))
-    return EnginePlan(targets, tuple(rejected), source, checkpoint)
+    return EnginePlan(targets, tuple(rejected), source)

@@ -30,7 +30,9 @@ MODEL_URI_ANNOTATION = f"{GROUP}/model-uri"
 IDENTITY_ANNOTATION = f"{GROUP}/engine-identity"
 GPU_PRODUCTS_ANNOTATION = f"{GROUP}/gpu-products"
 # Serving Deployments: the engine key they serve (the same key as KEY_LABEL, as an
-# annotation: the pods' selector must not change when the engine does), and vLLM's checkpoint.
+# annotation: the pods' selector must not change when the engine does), and the vLLM
+# checkpoint a Deployment rendered before vLLM was refused (issue 19 item 9) names: read only,
+# so that the cleanup keeps it while such a Deployment exists.
 SERVED_KEY_ANNOTATION = f"{GROUP}/engine-key"
 CHECKPOINT_ANNOTATION = f"{GROUP}/checkpoint-key"
 # Serving objects: the hash of what the operator rendered; pod templates: of the repository.

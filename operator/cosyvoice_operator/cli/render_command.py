@@ -1,11 +1,10 @@
 """`cosyvoice-operator render`: every object the operator would create for one service,
 without a cluster (pure, apart from reading the file).
 
-The build Jobs (and, with vLLM, the prefetch Job of the checkpoint) are rendered as their
-first attempt; the serving workloads as they are once every engine is Ready. What only a
-cluster knows is stated instead of guessed: the GPU products come from
-`spec.engine.gpuProducts` or `--gpu-product`, and the cache claim's uid (part of Job and
-record names) is shown as a placeholder.
+The build Jobs are rendered as their first attempt; the serving workloads as they are once
+every engine is Ready. What only a cluster knows is stated instead of guessed: the GPU
+products come from `spec.engine.gpuProducts` or `--gpu-product`, and the cache claim's uid
+(part of Job and record names) is shown as a placeholder.
 """
 
 from __future__ import annotations
@@ -130,8 +129,8 @@ def render_service(
         raise RenderError("; ".join(r.message for r in plan.rejected))
     cache = build_job.CacheClaim(svc.engine.cache_claim_name, CLAIM_UID_PLACEHOLDER)
     out: list[dict[str, Any]] = []
-    # The build Jobs (per architecture), then vLLM's prefetch Job of the checkpoint.
-    for target in plan.builds:
+    # The build Jobs, one per architecture.
+    for target in plan.targets:
         out.append(build_job.render_job(target, svc, namespace, 1, cfg.build, cache))
     shares = workloads.split_replicas(
         svc.replicas, [(t.identity.gpu_arch, 0) for t in plan.targets]

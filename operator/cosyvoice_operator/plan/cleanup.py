@@ -53,7 +53,10 @@ from cosyvoice_operator.render import build_job
 from cosyvoice_operator.render.build_job import CacheClaim
 
 # What a record's labels must hold for the cleanup to act on it: a content key as the
-# operator makes them, and a GPU architecture of the known shape (or none, for a checkpoint).
+# operator makes them, and a GPU architecture of the known shape, or none: the records of
+# vLLM checkpoints fetched before llmRuntime vllm was refused (issue 19, item 9) have no
+# architecture, and no service wants them any more; recognising them is what lets the
+# cleanup remove them from users' caches (their cleanup Job is named ...-gc-ckpt-...).
 _CONTENT_KEY = re.compile(r"^[0-9a-f]{40}$")
 _GPU_ARCH = re.compile(r"^(sm_[0-9]{2,3}[a-z]?)?$")
 
@@ -134,16 +137,10 @@ def _add_wanted(
         build.default_builder_image,
         build.companion_pins,
     )
-    # vLLM's checkpoint has no architecture: its exact key is its loose key too.
-    for target in plan.builds:
+    for target in plan.targets:
         exact.add((tag, target.key))
     base = engine_identity.identity(svc, "", build.default_builder_image, build.companion_pins)
     loose.add((tag, base.key))
-    checkpoint = engine_identity.checkpoint_identity(
-        svc, build.default_builder_image, build.companion_pins
-    )
-    if checkpoint is not None:
-        loose.add((tag, checkpoint.key))
 
 
 def _finished(job: Mapping[str, Any]) -> str:

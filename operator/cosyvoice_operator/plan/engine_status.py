@@ -43,22 +43,6 @@ def engine_entries(plan: EnginePlan, states: Mapping[str, EngineState]) -> list[
             if st.next_retry is not None:
                 entry["nextRetryTime"] = conditions.timestamp(st.next_retry)
             entries.append(entry)
-    if plan.checkpoint is not None:
-        # vLLM's checkpoint serves every product: one entry, without product or architecture.
-        st = states[plan.checkpoint.key]
-        entry = {
-            "gpuProduct": "",
-            "gpuArch": "",
-            "artifact": "checkpoint",
-            "key": plan.checkpoint.key,
-            "state": st.state,
-            "job": st.job,
-            "message": st.message,
-            "attempts": st.attempts,
-        }
-        if st.next_retry is not None:
-            entry["nextRetryTime"] = conditions.timestamp(st.next_retry)
-        entries.append(entry)
     for rejected in plan.rejected:
         entries.append(
             {
@@ -125,7 +109,7 @@ def engine_status(
     assert plan is not None
     entries = engine_entries(plan, states)
     summary = engine_summary(entries)
-    all_built = bool(plan.targets) and all(states[t.key].state == "Ready" for t in plan.builds)
+    all_built = bool(plan.targets) and all(states[t.key].state == "Ready" for t in plan.targets)
     # A blocker only matters to engines still to be built.
     blocking = [] if all_built else list(blockers)
     cond = _engine_ready_condition(plan, states, blocking)
@@ -177,21 +161,19 @@ def _builds_condition(plan: EnginePlan, states: Mapping[str, EngineState]) -> di
     """EngineReady from the states of the engines to build: all Ready, some Failed (for good,
     or retrying), or still Pending or Building."""
     by_state: dict[str, list[str]] = {}
-    for t in plan.builds:
-        by_state.setdefault(states[t.key].state, []).append(
-            t.identity.gpu_arch or "the vLLM checkpoint"
-        )
+    for t in plan.targets:
+        by_state.setdefault(states[t.key].state, []).append(t.identity.gpu_arch)
     if set(by_state) == {"Ready"}:
         message = f"engines ready for {', '.join(sorted(by_state['Ready']))}"
         for left_out in plan.rejected:
             message += f"; no engine for {left_out.product}: {left_out.message}"
         return _condition("True", "EnginesBuilt", message)
     if "Failed" in by_state:
-        failed = [states[t.key] for t in plan.builds if states[t.key].state == "Failed"]
+        failed = [states[t.key] for t in plan.targets if states[t.key].state == "Failed"]
         final = [s for s in failed if s.next_retry is None and s.action != "create"]
         reason = "BuildFailed" if final else "BuildRetrying"
         return _condition("False", reason, (final or failed)[0].message)
-    pending = [t for t in plan.builds if states[t.key].state != "Ready"]
+    pending = [t for t in plan.targets if states[t.key].state != "Ready"]
     reasons = [states[t.key].reason for t in pending if states[t.key].reason]
     return _condition(
         "False",

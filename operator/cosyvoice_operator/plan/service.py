@@ -432,7 +432,7 @@ def plan_service(
     states: dict[str, EngineState] = {}
     creates: list[CreateObject] = []
     wants: set[EngineRef] = set()
-    for target in plan.builds:
+    for target in plan.targets:
         if cache is None:
             states[target.key] = EngineState("Pending", "blocked")
             continue

@@ -61,7 +61,9 @@ def served_key(deployment: Mapping[str, Any]) -> str:
 
 
 def served_checkpoint(deployment: Mapping[str, Any]) -> str:
-    """The vLLM checkpoint a Deployment serves from ("" without vLLM)."""
+    """The vLLM checkpoint a Deployment names ("" for every Deployment rendered since vLLM was
+    refused, issue 19 item 9). One rendered before may still be there, frozen or retired: its
+    checkpoint is kept by the cleanup for as long as it is."""
     notes = (deployment.get("metadata") or {}).get("annotations") or {}
     return str(notes.get(CHECKPOINT_ANNOTATION, ""))
 
@@ -101,9 +103,7 @@ class _Engines:
     frozen: dict[str, Mapping[str, Any]]
     # why each frozen architecture waits
     waiting: list[str]
-    # vLLM: the fetched checkpoint every architecture serves from ("" without vLLM)
-    checkpoint_key: str
-    # key -> the sha256 of its manifest as recorded (engines and checkpoint; "" unknown)
+    # key -> the sha256 of its manifest as recorded ("" unknown)
     digests: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -133,7 +133,7 @@ def plan_serving(
     engines = _choose_engines(plan, states, existing)
     if blocked:
         frozen = {a: d for a, d in existing.items() if a in engines.fresh or a in engines.frozen}
-        engines = _Engines({}, frozen, [blocked], engines.checkpoint_key, engines.digests)
+        engines = _Engines({}, frozen, [blocked], engines.digests)
     served = engines.served
     capacity = _capacity_by_arch(svc, plan, world)
     shares = workloads.split_replicas(desired_total, [(a, capacity.get(a, 0)) for a in served])
@@ -191,22 +191,10 @@ def _choose_engines(
     fresh: dict[str, tuple[str, tuple[str, ...]]] = {}
     frozen: dict[str, Mapping[str, Any]] = {}
     waiting: list[str] = []
-    # vLLM: every architecture also needs the fetched checkpoint; until it is there, an
-    # architecture is as not Ready as if its own plans were missing.
-    checkpoint = plan.checkpoint
-    checkpoint_key = checkpoint.key if checkpoint is not None else ""
     digests: dict[str, str] = {}
-    if checkpoint is not None and checkpoint.key in states:
-        digests[checkpoint.key] = states[checkpoint.key].manifest_sha256
     for target in plan.targets:
         arch = target.identity.gpu_arch
         st = states[target.key]
-        if checkpoint is not None and st.state == "Ready":
-            ckpt = states[checkpoint.key]
-            if ckpt.state != "Ready":
-                st = dataclasses.replace(
-                    ckpt, message=f"checkpoint {checkpoint_key[:12]}: {ckpt.message}"
-                )
         if st.state == "Ready":
             fresh[arch] = (target.key, target.products)
             digests[target.key] = st.manifest_sha256
@@ -217,7 +205,7 @@ def _choose_engines(
                 f"{arch} serves engine {old[:12]} until engine {target.key[:12]} is built "
                 f"({st.state}: {st.message})"
             )
-    return _Engines(fresh, frozen, waiting, checkpoint_key, digests)
+    return _Engines(fresh, frozen, waiting, digests)
 
 
 def _workload_effects(
@@ -233,12 +221,9 @@ def _workload_effects(
     namespace = str((body.get("metadata") or {}).get("namespace"))
     effects: list[Effect] = []
     keys: set[str] = set()
-    checkpoint_key = engines.checkpoint_key
     for arch in sorted(engines.fresh):
         key, products = engines.fresh[arch]
         keys.add(key)
-        if checkpoint_key:
-            keys.add(checkpoint_key)
         target = ArchServing(arch, key, products, shares[arch], engines.digests.get(key, ""))
         for obj in workloads.render_architecture(body, svc, target, namespace, settings):
             seen = world.owned(obj["kind"], namespace, obj["metadata"]["name"])
@@ -279,7 +264,7 @@ def _retired_deployments(
     keys: set[str] = set()
     for arch, gone in sorted(retired.items()):
         if not svc.engine.gpu_products and arch in present:
-            # left as it is, its engine (and checkpoint) kept by the cleanup
+            # left as it is, its engine (and an old vLLM checkpoint) kept by the cleanup
             keys.update(k for k in (served_key(gone), served_checkpoint(gone)) if k)
             continue
         dmeta = gone.get("metadata") or {}

@@ -107,8 +107,7 @@ def record_name(identity: EngineIdentity, cache: CacheClaim) -> str:
 def builder_args(identity: EngineIdentity) -> list[str]:
     """The engine builder's command line (engine-builder/README.md documents it).
 
-    ``build`` for a TensorRT-LLM engine (and its plans); ``build --llm-runtime vllm`` for the
-    plans alone; ``prefetch`` for vLLM's architecture-free checkpoint."""
+    ``build``: the TensorRT-LLM engine and its plans."""
     common = [
         "--key",
         identity.key,
@@ -123,19 +122,6 @@ def builder_args(identity: EngineIdentity) -> list[str]:
     ]
     for pin in filter(None, identity.companion_revisions.split(",")):
         common += ["--companion-revision", pin]
-    if identity.artifact == "checkpoint":
-        return ["prefetch", *common, "--pvc-root", MODELS_MOUNT]
-    if identity.artifact == "plans":
-        return [
-            "build",
-            *common,
-            "--llm-runtime",
-            identity.llm_runtime,
-            "--gpu-arch",
-            identity.gpu_arch,
-            "--pvc-root",
-            MODELS_MOUNT,
-        ]
     args = [
         "build",
         *common,
@@ -283,8 +269,8 @@ def render_job(
 def _build_pod_spec(
     target: EngineTarget, spec: ServiceSpec, settings: BuildSettings, cache: CacheClaim
 ) -> dict[str, Any]:
-    """The build pod: the builder on a node of one of the target's GPU products (any node for
-    a checkpoint download), the cache claim and the model's claim mounted."""
+    """The build pod: the builder on a node of one of the target's GPU products, the cache
+    claim and the model's claim mounted."""
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         # On the pod, not the Job: a Job's deadline also counts the time its pod waits for
@@ -319,13 +305,6 @@ def _build_pod_spec(
         ],
         "automountServiceAccountToken": False,
     }
-    if target.identity.artifact == "checkpoint":
-        # A download: no GPU, so no GPU node either (any node that mounts the claim). Without
-        # the affinity that kept them on GPU nodes, the service's tolerations are not copied:
-        # `operator: Exists` would let the download land on any tainted node, control plane
-        # included (issue 21 L5); the GPU nodes' usual taint is still tolerated.
-        del pod_spec["affinity"]
-        pod_spec["tolerations"] = [dict(GPU_TOLERATION)]
     if settings.service_account:
         pod_spec["serviceAccountName"] = settings.service_account
     if settings.image_pull_secrets:
@@ -379,16 +358,7 @@ def _builder_container(
     }
 
 
-# vLLM's prefetch Job only downloads: a CPU and a little memory, no GPU.
-PREFETCH_RESOURCES: dict[str, Any] = {
-    "requests": {"cpu": "1", "memory": "2Gi"},
-    "limits": {"memory": "8Gi"},
-}
-
-
 def _build_resources(ident: EngineIdentity, settings: BuildSettings) -> dict[str, Any]:
-    if ident.artifact == "checkpoint":
-        return {key: dict(value) for key, value in PREFETCH_RESOURCES.items()}
     return {
         "requests": {
             "cpu": settings.cpu_request,
@@ -480,7 +450,9 @@ _CONTENT_KEY = re.compile(r"^[0-9a-f]{40}$")
 
 
 def cleanup_job_name(key: str, gpu_arch: str, cache: CacheClaim) -> str:
-    """``cvs-engine-gc-sm90-<key prefix>-<claim tag>``: the build's base name, marked gc."""
+    """``cvs-engine-gc-sm90-<key prefix>-<claim tag>``: the build's base name, marked gc
+    (``ckpt`` for a record without architecture: a vLLM checkpoint fetched before vLLM was
+    refused, which the cleanup still removes, plan/cleanup.py)."""
     return f"cvs-engine-gc-{gpu_arch.replace('_', '') or 'ckpt'}-{key[:20]}-{cache.tag}"
 
 

@@ -260,7 +260,7 @@ class Controller:
         return plan.requeue_after
 
     def _deployed(self, namespace: str) -> frozenset[str]:
-        """The engine keys (and vLLM checkpoints) the namespace's Deployments serve, as the
+        """The engine keys (and old vLLM checkpoints) the namespace's Deployments serve, as the
         cache holds them: what the cleanup keeps even before any service's pass has run
         since the operator started (the router learns them pass by pass)."""
         found: set[str] = set()

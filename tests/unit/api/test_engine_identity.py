@@ -152,8 +152,6 @@ def test_every_identity_field_enters_the_key() -> None:
         "gpu_arch": "sm_100",
         "kv_cache_type": "int8",
         "smooth_quant": "alpha=0.5,per_token,per_channel",
-        "llm_runtime": "vllm",
-        "artifact": "plans",
         "companion_revisions": "hf://yuekai/x=" + "a" * 40,
     }
     assert set(changed) == set(EngineIdentity.__dataclass_fields__)
@@ -479,7 +477,7 @@ def test_the_operator_and_the_builder_agree_on_precision_support() -> None:
     assert builder == gpus.PRECISION_MIN_SM
 
 
-# ---- the levers of issue 14: KV cache, SmoothQuant, vLLM ---------------------------------
+# ---- the levers of issue 14: KV cache, SmoothQuant ------------------------------------------
 
 
 def test_an_existing_spec_keeps_its_key_and_identity_record() -> None:

@@ -174,7 +174,7 @@ def test_an_engine_whose_claim_is_gone_loses_its_record_without_a_cleanup_job() 
     assert isinstance(delete, DeleteObject) and delete.why == "its cache claim is gone"
 
 
-# ---- the levers' identities (KV cache, SmoothQuant, vLLM's plans and checkpoint) -----------
+# ---- the levers' identities (KV cache, SmoothQuant) ------------------------------------------
 
 
 def test_running_builds_of_the_new_identities_are_not_superseded() -> None:
@@ -190,12 +190,95 @@ def test_running_builds_of_the_new_identities_are_not_superseded() -> None:
         built = engine_identity.plan(
             svc, FakeWorld().gpu_nodes(), POLICY.build.default_builder_image
         )
-        jobs = [build_job(t.identity, f"uid-{i}") for i, t in enumerate(built.builds)]
+        jobs = [build_job(t.identity, f"uid-{i}") for i, t in enumerate(built.targets)]
         result = plan(
             [body], jobs=jobs, now=T0 + DAY, since={j["metadata"]["uid"]: T0 for j in jobs}
         )
         assert not [e for e in result.effects if isinstance(e, DeleteObject)], spec
         assert result.superseded == {}, spec
+
+
+# ---- vLLM's artifacts made before llmRuntime vllm was refused (issue 19, item 9) -----------
+
+OLD_CHECKPOINT_KEY = "c" * 40
+
+
+def _old_vllm_identity(artifact: str, arch: str) -> dict[str, Any]:
+    """An identity as the operator recorded vLLM's plans and checkpoint before the refusal."""
+    return {
+        **engine_identity.identity_to_dict(ident(arch or "sm_89")),
+        "precision": "none",
+        "tensorParallelSize": 1 if artifact == "plans" else 0,
+        "maxBatchSize": 0,
+        "maxNumTokens": 0,
+        "gpuArch": arch,
+        "llmRuntime": "vllm",
+        "artifact": artifact,
+    }
+
+
+def _old_checkpoint_record(**annotations: str) -> dict[str, Any]:
+    r = rec(ident())
+    r["metadata"]["name"] = f"cvs-engine-ckpt-{OLD_CHECKPOINT_KEY[:20]}-{CACHE.tag}"
+    r["metadata"]["uid"] = "rec-ckpt"
+    r["metadata"]["labels"][labels.KEY_LABEL] = OLD_CHECKPOINT_KEY
+    r["metadata"]["labels"][labels.ARCH_LABEL] = ""
+    r["data"]["key"] = OLD_CHECKPOINT_KEY
+    r["data"]["identity"] = json.dumps(_old_vllm_identity("checkpoint", ""))
+    r["metadata"]["annotations"].update(annotations)
+    return r
+
+
+def test_an_old_vllm_checkpoint_in_the_cache_is_still_removed() -> None:
+    """Its record has no architecture and no service wants it: marked, then removed by a
+    cleanup Job, like any unused engine (the cleanup still recognises such records)."""
+    [mark] = plan([svc_body()], records=[_old_checkpoint_record()]).effects
+    assert isinstance(mark, PatchObject)
+    assert mark.name == f"cvs-engine-ckpt-{OLD_CHECKPOINT_KEY[:20]}-{CACHE.tag}"
+    assert labels.UNREFERENCED_ANNOTATION in mark.patch["metadata"]["annotations"]
+    being_removed = _old_checkpoint_record(
+        **{
+            labels.UNREFERENCED_ANNOTATION: conditions.timestamp(T0),
+            labels.REMOVING_ANNOTATION: conditions.timestamp(T0),
+        }
+    )
+    [create] = plan([svc_body()], records=[being_removed]).effects
+    assert isinstance(create, CreateObject)
+    assert create.body["metadata"]["name"].startswith("cvs-engine-gc-ckpt-")
+    args = create.body["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:3] == ["remove", "--key", OLD_CHECKPOINT_KEY]
+
+
+def test_an_old_vllm_checkpoint_a_deployment_still_names_is_kept() -> None:
+    """A Deployment rendered before the refusal names its checkpoint: never removed under it."""
+    deployed = frozenset({OLD_CHECKPOINT_KEY})
+    result = plan_cleanup(
+        "ml",
+        [svc_body()],
+        [],
+        [_old_checkpoint_record()],
+        FakeWorld(),
+        T0 + DAY,
+        POLICY,
+        SETTINGS,
+        {},
+        deployed,
+    )
+    assert result.effects == ()
+
+
+def test_a_running_old_vllm_build_is_stopped_as_superseded() -> None:
+    """Its identity (plans, precision none) is no engine a service wants any more."""
+    for artifact, arch in (("plans", "sm_89"), ("checkpoint", "")):
+        old = build_job(ident(), f"{artifact}-uid")
+        old["metadata"]["annotations"][labels.IDENTITY_ANNOTATION] = json.dumps(
+            _old_vllm_identity(artifact, arch)
+        )
+        first = plan([svc_body()], [old])
+        assert first.superseded == {f"{artifact}-uid": T0}, artifact
+        later = plan([svc_body()], [old], now=T0 + DAY, since=first.superseded)
+        [delete] = later.effects
+        assert isinstance(delete, DeleteObject) and delete.uid == f"{artifact}-uid"
 
 
 # ---- issue 21: forged records, malformed services -----------------------------------------

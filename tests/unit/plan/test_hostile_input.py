@@ -39,7 +39,7 @@ def built_world(b: dict[str, Any], builder_image: str = BUILDER) -> FakeWorld:
     svc = service(**{k: v for k, v in b["spec"].items() if k != "replicas"})
     world = FakeWorld()
     plan = engine_identity.plan(svc, world.gpu_nodes(), builder_image)
-    for target in plan.builds:
+    for target in plan.targets:
         name = build_job.record_name(target.identity, CACHE)
         world.records[name] = record(target.identity, f"job-{target.key[:6]}", T0)
     return world

@@ -35,7 +35,7 @@ def _body(**spec: Any) -> dict[str, Any]:
 def _targets(b: dict[str, Any], world: FakeWorld) -> list[engine_identity.EngineTarget]:
     svc = service(**{k: v for k, v in b["spec"].items() if k != "replicas"})
     return list(
-        engine_identity.plan(svc, world.gpu_nodes(), Policy().build.default_builder_image).builds
+        engine_identity.plan(svc, world.gpu_nodes(), Policy().build.default_builder_image).targets
     )
 
 

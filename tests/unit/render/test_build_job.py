@@ -492,7 +492,7 @@ def test_builder_args_cover_every_identity_field_by_name() -> None:
     ident = identity()
     args = build_job.builder_args(ident)
     # The later fields are written only where not at their defaults (next tests).
-    later = {"kv_cache_type", "smooth_quant", "llm_runtime", "artifact", "companion_revisions"}
+    later = {"kv_cache_type", "smooth_quant", "companion_revisions"}
     assert "--kv-cache-type" not in args and "--llm-runtime" not in args
     assert not any(a.startswith("--smoothquant") for a in args)
     for f in dataclasses.fields(ident):
