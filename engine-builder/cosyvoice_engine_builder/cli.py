@@ -47,7 +47,6 @@ from cosyvoice_engine_builder.request import (
     BuildRequest,
     InvalidRequest,
     KvCacheType,
-    LlmRuntime,
     Precision,
     Variant,
     validate_key,
@@ -79,7 +78,7 @@ def _non_negative_seconds(text: str) -> float:
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
-    """What ``build`` and ``prefetch`` share: scratch, model claims, dry run, time limits."""
+    """``build``'s scratch, model claims, dry run and time limits."""
     parser.add_argument("--work-dir", type=Path, help="scratch; default <cache-dir>/.work/<key>")
     parser.add_argument("--pvc-root", type=Path, default=Path("/models"))
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
@@ -131,13 +130,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-uri", required=True, help="hf://ORG/NAME, s3://BUCKET/PATH or pvc://CLAIM/PATH"
     )
     build.add_argument("--revision", default="", help='hf revision; "" = default branch')
-    build.add_argument(
-        "--llm-runtime",
-        choices=[r.value for r in LlmRuntime],
-        default=LlmRuntime.TENSORRT_LLM.value,
-        help="vllm: build the TensorRT plans only (vLLM serves the fetched checkpoint); the "
-        "LLM options below are then not read",
-    )
     build.add_argument("--precision", choices=[p.value for p in Precision])
     build.add_argument("--tensor-parallel-size", type=int)
     build.add_argument("--max-batch-size", type=int)
@@ -159,21 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--gpu-arch", required=True, help="e.g. sm_90")
     _supply_chain_arguments(build)
     _run_arguments(build)
-
-    prefetch = sub.add_parser(
-        "prefetch",
-        help="vLLM: fetch the release (the LLM's Hugging Face checkpoint included) into the "
-        "cache under a key without GPU architecture; builds nothing, needs no GPU",
-    )
-    prefetch.add_argument("--key", required=True, help="content key computed by the operator")
-    prefetch.add_argument("--cache-dir", required=True, type=Path, help="the engine cache")
-    prefetch.add_argument("--variant", required=True, choices=[v.value for v in Variant])
-    prefetch.add_argument(
-        "--model-uri", required=True, help="hf://ORG/NAME, s3://BUCKET/PATH or pvc://CLAIM/PATH"
-    )
-    prefetch.add_argument("--revision", default="", help='hf revision; "" = default branch')
-    _supply_chain_arguments(prefetch)
-    _run_arguments(prefetch)
 
     verify = sub.add_parser("verify", help="exit 0 iff a complete, digest-valid engine exists")
     verify.add_argument("--cache-dir", required=True, type=Path)
@@ -249,7 +226,6 @@ def main(
         return _remove(args, console, report)
     if args.command == "serve":
         return serve(args, env, console)
-    # build and prefetch: the same pipeline, prefetch with fetch and publish only.
     return _build(args, env, console, redactor, report, downloaders)
 
 
@@ -409,42 +385,28 @@ def _build(
 
 
 def _request(args: argparse.Namespace) -> BuildRequest:
-    if args.command == "prefetch":
-        return BuildRequest.prefetch(
-            key=args.key,
-            cache_dir=args.cache_dir,
-            variant=args.variant,
-            model_uri=args.model_uri,
-            revision=args.revision,
-            work_dir=args.work_dir,
-            pvc_root=args.pvc_root,
-            companion_revisions=args.companion_revision,
-            sha256_list=args.sha256_list,
+    missing = [
+        flag
+        for flag, value in (
+            ("--precision", args.precision),
+            ("--tensor-parallel-size", args.tensor_parallel_size),
+            ("--max-batch-size", args.max_batch_size),
+            ("--max-num-tokens", args.max_num_tokens),
         )
-    if args.llm_runtime == LlmRuntime.TENSORRT_LLM.value:
-        missing = [
-            flag
-            for flag, value in (
-                ("--precision", args.precision),
-                ("--tensor-parallel-size", args.tensor_parallel_size),
-                ("--max-batch-size", args.max_batch_size),
-                ("--max-num-tokens", args.max_num_tokens),
-            )
-            if value is None
-        ]
-        if missing:
-            raise InvalidRequest(f"a TensorRT-LLM engine build needs {', '.join(missing)}")
+        if value is None
+    ]
+    if missing:
+        raise InvalidRequest(f"a TensorRT-LLM engine build needs {', '.join(missing)}")
     return BuildRequest.create(
         key=args.key,
         cache_dir=args.cache_dir,
         variant=args.variant,
         model_uri=args.model_uri,
         revision=args.revision,
-        # vLLM's plans read none of these (the request records placeholders).
-        precision=Precision.FLOAT16.value if args.precision is None else args.precision,
-        tensor_parallel_size=1 if args.tensor_parallel_size is None else args.tensor_parallel_size,
-        max_batch_size=1 if args.max_batch_size is None else args.max_batch_size,
-        max_num_tokens=1 if args.max_num_tokens is None else args.max_num_tokens,
+        precision=args.precision,
+        tensor_parallel_size=args.tensor_parallel_size,
+        max_batch_size=args.max_batch_size,
+        max_num_tokens=args.max_num_tokens,
         gpu_arch=args.gpu_arch,
         work_dir=args.work_dir,
         pvc_root=args.pvc_root,
@@ -452,7 +414,6 @@ def _request(args: argparse.Namespace) -> BuildRequest:
         smoothquant_alpha=args.smoothquant_alpha,
         smoothquant_per_token=args.smoothquant_per_token,
         smoothquant_per_channel=args.smoothquant_per_channel,
-        llm_runtime=args.llm_runtime,
         companion_revisions=args.companion_revision,
         sha256_list=args.sha256_list,
     )

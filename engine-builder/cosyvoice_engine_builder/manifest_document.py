@@ -71,11 +71,8 @@ def model_fields(request: BuildRequest, fetched: Mapping[str, Any]) -> dict[str,
 
 
 def llm_fields(request: BuildRequest) -> dict[str, Any]:
-    """The manifest's description of the LLM: the engine's build options, or for vLLM's
-    artifacts only which one it is (vLLM's options are its server's flags)."""
+    """The manifest's description of the LLM: the engine's build options."""
     r = request
-    if not r.builds_llm:
-        return {"llmRuntime": "vllm", "artifact": r.artifact.value}
     fields: dict[str, Any] = {
         "precision": r.precision.value,
         "tensorParallelSize": r.tensor_parallel_size,

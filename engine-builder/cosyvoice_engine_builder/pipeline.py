@@ -4,11 +4,6 @@ Each step but publish is resumable through :mod:`~cosyvoice_engine_builder.steps
 publish is atomic through :mod:`~cosyvoice_engine_builder.publish`, and writes the manifest
 :mod:`~cosyvoice_engine_builder.manifest_document` describes. The whole build runs
 under the key's lock, and is skipped when ``<cache-dir>/<key>`` already verifies.
-
-With vLLM as the LLM runtime two other artifacts go the same way with fewer steps:
-``build --llm-runtime vllm`` (the plans) skips convert and build and publishes the plans
-alone (the model directory comes from the checkpoint); ``prefetch`` (the checkpoint) runs
-fetch and publish only, publishing the model directory, and needs no GPU and no TensorRT.
 """
 
 from __future__ import annotations
@@ -48,7 +43,7 @@ from cosyvoice_engine_builder.progress import Console, StepLog
 from cosyvoice_engine_builder.publish import Placement, Published, publish
 from cosyvoice_engine_builder.redaction import without_secrets
 from cosyvoice_engine_builder.releases import companions, known_releases, pinned_revision
-from cosyvoice_engine_builder.request import Artifact, BuildRequest
+from cosyvoice_engine_builder.request import BuildRequest
 from cosyvoice_engine_builder.runner import Command, CommandFailed, Runner
 from cosyvoice_engine_builder.steps import StepMarkers, params_digest
 from cosyvoice_engine_builder.toolchain import (
@@ -249,47 +244,35 @@ class Pipeline:
     def _build(self, started: float) -> Outcome:
         r = self.request
         source = f"{r.source.uri}{'@' + r.revision if r.revision else ''}"
-        if r.artifact is Artifact.CHECKPOINT:
-            self.console.out(f"fetching checkpoint {r.key}: {r.variant.value} from {source}")
-        elif r.artifact is Artifact.PLANS:
-            self.console.out(
-                f"building plans {r.key}: {r.variant.value} (LLM on vLLM) for {r.gpu_arch} "
-                f"from {source}"
-            )
-        else:
-            self.console.out(
-                f"building engine {r.key}: {r.variant.value} {r.precision.value} "
-                f"tp={r.tensor_parallel_size} max_batch_size={r.max_batch_size} "
-                f"max_num_tokens={r.max_num_tokens} kv_cache={r.kv_cache_type.value} "
-                f"for {r.gpu_arch} from {source}"
-            )
+        self.console.out(
+            f"building engine {r.key}: {r.variant.value} {r.precision.value} "
+            f"tp={r.tensor_parallel_size} max_batch_size={r.max_batch_size} "
+            f"max_num_tokens={r.max_num_tokens} kv_cache={r.kv_cache_type.value} "
+            f"for {r.gpu_arch} from {source}"
+        )
         self.current_step = "preflight"
-        versions = self._preflight() if r.builds_plans else Versions(tensorrt="", tensorrt_llm="")
+        versions = self._preflight()
 
         fetch_digest, layout = self._fetch(1)
-        if r.builds_llm:
-            convert_digest = self._convert(2, layout, fetch_digest, versions)
-            self._build_engine(3, convert_digest, versions)
-        plans: tuple[Path, Path] | None = None
-        if r.builds_plans:
-            flow_plan = self._plan(
-                4,
-                "plan-flow",
-                self._flow_spec(),
-                layout.flow_estimator_onnx,
-                fetch_digest,
-                versions,
-            )
-            speaker_plan = self._plan(
-                5,
-                "plan-campplus",
-                commands.SPEAKER_EMBEDDING_PLAN,
-                layout.campplus_onnx,
-                fetch_digest,
-                versions,
-            )
-            plans = (flow_plan, speaker_plan)
-        published = self._publish(6, layout, versions, plans)
+        convert_digest = self._convert(2, layout, fetch_digest, versions)
+        self._build_engine(3, convert_digest, versions)
+        flow_plan = self._plan(
+            4,
+            "plan-flow",
+            self._flow_spec(),
+            layout.flow_estimator_onnx,
+            fetch_digest,
+            versions,
+        )
+        speaker_plan = self._plan(
+            5,
+            "plan-campplus",
+            commands.SPEAKER_EMBEDDING_PLAN,
+            layout.campplus_onnx,
+            fetch_digest,
+            versions,
+        )
+        published = self._publish(6, layout, versions, (flow_plan, speaker_plan))
         self._clean_work()
         seconds = time.monotonic() - started
         self.console.out(f"engine {r.key} ready at {published.engine_dir} after {seconds:.1f}s")
@@ -297,14 +280,12 @@ class Pipeline:
 
     def _require_tools(self) -> None:
         r = self.request
-        if r.builds_llm:
-            if commands.uses_quantize_script(r.precision, r.kv_cache_type):
-                require_script(self.tools.quantize_script, "TRTLLM_QUANTIZE")
-            else:
-                require_script(self.tools.convert_script, "TRTLLM_QWEN_CONVERT")
-            require_executable(self.tools.trtllm_build, "TRTLLM_BUILD", self.environ)
-        if r.builds_plans:
-            require_executable(self.tools.trtexec, "TRTEXEC", self.environ)
+        if commands.uses_quantize_script(r.precision, r.kv_cache_type):
+            require_script(self.tools.quantize_script, "TRTLLM_QUANTIZE")
+        else:
+            require_script(self.tools.convert_script, "TRTLLM_QWEN_CONVERT")
+        require_executable(self.tools.trtllm_build, "TRTLLM_BUILD", self.environ)
+        require_executable(self.tools.trtexec, "TRTEXEC", self.environ)
 
     def _preflight(self) -> Versions:
         # Every tool is checked before the first download: finding out that trtexec is
@@ -451,31 +432,30 @@ class Pipeline:
         index: int,
         layout: ModelLayout,
         versions: Versions,
-        plans: tuple[Path, Path] | None,
+        plans: tuple[Path, Path],
     ) -> Published:
         r = self.request
         self.current_step = "publish"
         log = StepLog(self.console, index, len(STEPS), "publish")
         tokenizer_rel = "/".join(p for p in (ENGINE_MODEL_DIR, layout.llm_subpath) if p)
-        placements: list[Placement] = []
-        layout_fields: dict[str, str] = {}
-        if r.builds_llm:
-            placements.append(Placement(self.engines_dir, ENGINE_LLM_DIR))
-            layout_fields["llmEngineDir"] = ENGINE_LLM_DIR
-        if plans is not None:
-            flow_plan, speaker_plan = plans
-            flow_rel = f"{ENGINE_PLANS_DIR}/{flow_plan.name}"
-            speaker_rel = f"{ENGINE_PLANS_DIR}/{speaker_plan.name}"
-            placements += [Placement(flow_plan, flow_rel), Placement(speaker_plan, speaker_rel)]
-            layout_fields["flowEstimatorPlan"] = flow_rel
-            layout_fields["speakerEmbeddingPlan"] = speaker_rel
-        if r.artifact is not Artifact.PLANS:
-            # vLLM's plans-only artifact reads the model directory from the checkpoint.
-            placements.append(Placement(layout.root, ENGINE_MODEL_DIR, skip_hidden=True))
-            layout_fields["modelDir"] = ENGINE_MODEL_DIR
-            layout_fields["tokenizerDir"] = tokenizer_rel
-            if (layout.root / SPEAKER_INFO).is_file():
-                layout_fields["speakerInfo"] = f"{ENGINE_MODEL_DIR}/{SPEAKER_INFO}"
+        flow_plan, speaker_plan = plans
+        flow_rel = f"{ENGINE_PLANS_DIR}/{flow_plan.name}"
+        speaker_rel = f"{ENGINE_PLANS_DIR}/{speaker_plan.name}"
+        placements = [
+            Placement(self.engines_dir, ENGINE_LLM_DIR),
+            Placement(flow_plan, flow_rel),
+            Placement(speaker_plan, speaker_rel),
+            Placement(layout.root, ENGINE_MODEL_DIR, skip_hidden=True),
+        ]
+        layout_fields = {
+            "llmEngineDir": ENGINE_LLM_DIR,
+            "flowEstimatorPlan": flow_rel,
+            "speakerEmbeddingPlan": speaker_rel,
+            "modelDir": ENGINE_MODEL_DIR,
+            "tokenizerDir": tokenizer_rel,
+        }
+        if (layout.root / SPEAKER_INFO).is_file():
+            layout_fields["speakerInfo"] = f"{ENGINE_MODEL_DIR}/{SPEAKER_INFO}"
 
         log.line(f"assembling {r.partial_dir}")
         result = publish(

@@ -42,19 +42,6 @@ class KvCacheType(StrEnum):
     FP8 = "fp8"
 
 
-class LlmRuntime(StrEnum):
-    TENSORRT_LLM = "tensorrt-llm"
-    VLLM = "vllm"
-
-
-class Artifact(StrEnum):
-    """What a run publishes under its key (the operator's ``EngineIdentity.artifact``)."""
-
-    ENGINE = "engine"  # the TensorRT-LLM engine, the plans and the model directory
-    PLANS = "plans"  # vLLM: the plans alone (the model comes from the checkpoint)
-    CHECKPOINT = "checkpoint"  # vLLM: the fetched release, no GPU involved
-
-
 @dataclass(frozen=True)
 class SmoothQuant:
     """convert_checkpoint.py --smoothquant ALPHA [--per_token] [--per_channel]."""
@@ -254,21 +241,12 @@ class BuildRequest:
     pvc_root: Path
     kv_cache_type: KvCacheType = KvCacheType.AUTO
     smooth_quant: SmoothQuant | None = None
-    artifact: Artifact = Artifact.ENGINE
     # Commits the companion repositories of a known release are fetched at, by lower-case
     # hf:// URI, over the release table's own pins (releases.py).
     companion_revisions: tuple[tuple[str, str], ...] = ()
     # A sha256sum-format list of files (relative to the fetched model directory) that the
     # fetched model must match, byte for byte.
     sha256_list: Path | None = None
-
-    @property
-    def builds_llm(self) -> bool:
-        return self.artifact is Artifact.ENGINE
-
-    @property
-    def builds_plans(self) -> bool:
-        return self.artifact is not Artifact.CHECKPOINT
 
     @classmethod
     def create(
@@ -290,7 +268,6 @@ class BuildRequest:
         smoothquant_alpha: float | None = None,
         smoothquant_per_token: bool = False,
         smoothquant_per_channel: bool = False,
-        llm_runtime: str = "tensorrt-llm",
         companion_revisions: Sequence[str] = (),
         sha256_list: Path | None = None,
     ) -> BuildRequest:
@@ -315,32 +292,6 @@ class BuildRequest:
                 f"--kv-cache-type {kv_cache_type!r}: expected one of "
                 f"{', '.join(k.value for k in KvCacheType)}"
             ) from None
-        try:
-            runtime = LlmRuntime(llm_runtime)
-        except ValueError:
-            raise InvalidRequest(
-                f"--llm-runtime {llm_runtime!r}: expected one of "
-                f"{', '.join(r.value for r in LlmRuntime)}"
-            ) from None
-        if runtime is LlmRuntime.VLLM:
-            # The plans alone: the LLM options belong to vllm serve, not to this build.
-            return cls(
-                key=key,
-                cache_dir=cache_dir,
-                variant=variant_value,
-                source=parse_model_uri(model_uri),
-                revision=validate_revision(revision),
-                precision=Precision.FLOAT16,
-                tensor_parallel_size=1,
-                max_batch_size=1,
-                max_num_tokens=1,
-                gpu_arch=validate_gpu_arch(gpu_arch),
-                work_dir=work_dir if work_dir is not None else cache_dir / ".work" / key,
-                pvc_root=pvc_root,
-                companion_revisions=parse_companion_revisions(companion_revisions),
-                sha256_list=sha256_list,
-                artifact=Artifact.PLANS,
-            )
         _check_precision_arch(precision_value, validate_gpu_arch(gpu_arch))
         _check_kv_cache(kv, precision_value, gpu_arch)
         smooth_quant = _smooth_quant(
@@ -363,46 +314,6 @@ class BuildRequest:
             sha256_list=sha256_list,
             kv_cache_type=kv,
             smooth_quant=smooth_quant,
-        )
-
-    @classmethod
-    def prefetch(
-        cls,
-        *,
-        key: str,
-        cache_dir: Path,
-        variant: str,
-        model_uri: str,
-        revision: str,
-        work_dir: Path | None,
-        pvc_root: Path,
-        companion_revisions: Sequence[str] = (),
-        sha256_list: Path | None = None,
-    ) -> BuildRequest:
-        """vLLM's checkpoint: the release fetched and published, nothing built, no GPU."""
-        key = validate_key(key)
-        try:
-            variant_value = Variant(variant)
-        except ValueError:
-            raise InvalidRequest(
-                f"--variant {variant!r}: expected one of {', '.join(v.value for v in Variant)}"
-            ) from None
-        return cls(
-            key=key,
-            cache_dir=cache_dir,
-            variant=variant_value,
-            source=parse_model_uri(model_uri),
-            revision=validate_revision(revision),
-            precision=Precision.FLOAT16,
-            tensor_parallel_size=1,
-            max_batch_size=1,
-            max_num_tokens=1,
-            gpu_arch="",
-            work_dir=work_dir if work_dir is not None else cache_dir / ".work" / key,
-            pvc_root=pvc_root,
-            companion_revisions=parse_companion_revisions(companion_revisions),
-            sha256_list=sha256_list,
-            artifact=Artifact.CHECKPOINT,
         )
 
     @property

@@ -1,6 +1,6 @@
 """The builder's side of the article's levers: SmoothQuant and KV-cache command lines
-(TensorRT-LLM's Qwen conversion options), and vLLM's two artifacts (the plans alone, and
-the architecture-free checkpoint of ``prefetch``)."""
+(TensorRT-LLM's Qwen conversion options). (vLLM's artifacts, ``build --llm-runtime vllm`` and
+``prefetch``, are gone: ``spec.model.llmRuntime: vllm`` is refused, issue 19 item 9.)"""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 from cosyvoice_engine_builder import commands
 from cosyvoice_engine_builder.commands import ToolPaths
 from cosyvoice_engine_builder.request import (
-    Artifact,
     BuildRequest,
     InvalidRequest,
     KvCacheType,
@@ -193,24 +192,6 @@ def test_a_plain_build_writes_no_new_manifest_fields(builder: Builder) -> None:
     assert "llmRuntime" not in manifest
 
 
-def test_vllm_plans_build_skips_the_llm_and_publishes_the_plans_alone(builder: Builder) -> None:
-    result = builder.build(
-        llm_runtime="vllm",
-        precision=None,
-        tensor_parallel_size=None,
-        max_batch_size=None,
-        max_num_tokens=None,
-    )
-    assert result.code == 0, result.out
-    assert builder.tools_called() == ["trtexec", "trtexec"]
-    manifest = builder.manifest()
-    assert (manifest["llmRuntime"], manifest["artifact"]) == ("vllm", "plans")
-    assert "precision" not in manifest
-    assert set(manifest["layout"]) == {"flowEstimatorPlan", "speakerEmbeddingPlan"}
-    paths = {f["path"] for f in manifest["files"]}
-    assert paths and all(p.startswith("plans/") for p in paths)
-
-
 def test_a_tensorrt_llm_build_still_needs_its_llm_options(builder: Builder) -> None:
     result = builder.build(precision=None)
     assert result.code == 2
@@ -219,106 +200,19 @@ def test_a_tensorrt_llm_build_still_needs_its_llm_options(builder: Builder) -> N
     assert builder.calls() == []
 
 
-def test_prefetch_fetches_and_publishes_the_model_without_any_tool(builder: Builder) -> None:
-    argv = [
-        "prefetch",
-        "--key",
-        KEY,
-        "--cache-dir",
-        str(builder.cache),
-        "--variant",
-        "cosyvoice2",
-        "--model-uri",
-        "pvc://models/cosyvoice2",
-        "--pvc-root",
-        str(builder.pvc_root),
-    ]
-    result = builder.run(argv)
-    assert result.code == 0, result.out + result.err
-    assert builder.tools_called() == []  # no GPU, no TensorRT: a download and a publish
-    manifest = builder.manifest()
-    assert (manifest["artifact"], manifest["gpuArch"]) == ("checkpoint", "")
-    assert manifest["layout"]["modelDir"] == "model"
-    assert manifest["layout"]["tokenizerDir"] == "model/llm"
-    assert (builder.engine_dir / "model" / "llm").is_dir()
-    assert not (builder.engine_dir / "plans").exists()
-    assert (
-        BuildRequest.prefetch(
-            key=KEY,
-            cache_dir=builder.cache,
-            variant="cosyvoice2",
-            model_uri="hf://a/b",
-            revision="",
-            work_dir=None,
-            pvc_root=Path("/models"),
-        ).artifact
-        is Artifact.CHECKPOINT
+def test_vllm_builds_and_prefetch_are_usage_errors(builder: Builder) -> None:
+    """``spec.model.llmRuntime: vllm`` is refused (issue 19, item 9): the builder has no
+    plans-only build and no checkpoint download for it, and says so before doing anything."""
+    result = builder.build(llm_runtime="vllm")
+    assert result.code == 2
+    assert "--llm-runtime" in result.err
+    prefetch = builder.run(
+        ["prefetch", "--key", KEY, "--cache-dir", str(builder.cache), "--variant", "cosyvoice2"]
     )
-
-
-KEY_PLANS = "1111111111111111111111111111111111111111"
-KEY_CKPT = "2222222222222222222222222222222222222222"
-
-
-def test_serve_dry_run_starts_vllm_per_group_on_the_checkpoint(pod: Pod) -> None:
-    """A vLLM pod: the plans' engine directory, the checkpoint beside it, one `vllm serve`
-    per GPU group, the TensorRT-LLM version not compared (vLLM's image need not have it)."""
-    builder = pod.builder
-    built = builder.build(
-        key=KEY_PLANS,
-        variant="cosyvoice3",
-        model_uri="pvc://models/cosyvoice3",
-        llm_runtime="vllm",
-        precision=None,
-        tensor_parallel_size=None,
-        max_batch_size=None,
-        max_num_tokens=None,
-    )
-    assert built.code == 0, built.out + built.err
-    fetched = builder.run(
-        [
-            "prefetch",
-            "--key",
-            KEY_CKPT,
-            "--cache-dir",
-            str(builder.cache),
-            "--variant",
-            "cosyvoice3",
-            "--model-uri",
-            "pvc://models/cosyvoice3",
-            "--pvc-root",
-            str(builder.pvc_root),
-        ]
-    )
-    assert fetched.code == 0, fetched.out + fetched.err
-    checkpoint = builder.cache / KEY_CKPT
-    argv = pod.argv(
-        engine_dir=builder.cache / KEY_PLANS,
-        key=KEY_PLANS,
-        llm_runtime="vllm",
-        checkpoint_dir=checkpoint,
-        checkpoint_key=KEY_CKPT,
-        llm_dtype="float16",
-        llm_kv_cache_dtype="fp8",
-        llm_max_batch_size=32,
-        llm_max_num_tokens=8192,
-        dry_run=True,
-    )
-    result = pod.run(argv, FAKE_TRTLLM_VERSION="")
-    assert result.code == 0, result.out + result.err
-    lines = result.out.splitlines()
-    base = pod.llm_base_port
-    for index, gpus in enumerate(("0,1", "2,3")):
-        assert (
-            f"[llm] would start vllm serve llm{index} (GPUs {gpus}, port {base + index}): "
-            f"CUDA_VISIBLE_DEVICES={gpus} vllm serve {checkpoint / 'model' / 'llm'} "
-            f"--host 127.0.0.1 --port {base + index} --served-model-name cosyvoice-llm "
-            "--tensor-parallel-size 2 --dtype float16 --max-num-seqs 32 "
-            "--max-num-batched-tokens 8192 --gpu-memory-utilization 0.4 "
-            f"--kv-cache-dtype fp8; then wait for http://127.0.0.1:{base + index}/health" in lines
-        ), result.out
-    # The model view reads the checkpoint's model directory.
-    assert "[gate] ok: the engine was built for this GPU architecture and TensorRT" in lines
+    assert prefetch.code == 2
+    assert "prefetch" in prefetch.err
+    assert builder.calls() == []
+    assert not builder.engine_dir.exists()
 
 
 def test_serve_refuses_vllm_without_its_checkpoint(pod: Pod) -> None:

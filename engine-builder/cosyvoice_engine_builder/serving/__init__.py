@@ -16,18 +16,15 @@ image. It does four things in order:
    what to do, on stderr and in the termination message.
 2. **Model repository** (:mod:`.repository`). Triton's repository is assembled in a writable
    directory: each ``<model>.pbtxt`` of the operator's ConfigMap becomes
-   ``<model>/config.pbtxt``, and ``<model>/1`` links to upstream's Python model code baked
-   into the image. Beside it, the **model view**: the engine's ``model/`` directory as
-   upstream's models expect their ``model_dir``, with the engine's prebuilt plans under the
-   names that code loads (it would otherwise build them again, into a read-only volume).
-3. **LLM servers** (:mod:`.launch`; cosyvoice3, or either variant on vLLM). One
-   ``trtllm-serve`` per GPU group, as upstream's ``run_cosyvoice3.sh`` starts it, or with
-   ``--llm-runtime vllm`` one ``vllm serve`` per group on the fetched checkpoint
-   (``--checkpoint-dir``), each on its own port; Triton starts only once every one answers
-   ``/health``, so the orchestrator never sees a refused connection. With vLLM the engine
-   directory holds only the TensorRT plans: the model directory (and the LLM's Hugging Face
-   checkpoint) comes from the checkpoint, whose manifest is checked the same way, and the
-   TensorRT-LLM version is not compared.
+   ``<model>/config.pbtxt``, and ``<model>/1`` links to the model code baked into the image
+   (the project's own, or upstream's for the models not ours yet:
+   ``serving-image/model-code.list``). Beside it, the **model view**: the engine's
+   ``model/`` directory as the models expect their ``model_dir``, with the engine's prebuilt
+   plans under the names upstream's code loads (it would otherwise build them again, into a
+   read-only volume).
+3. **LLM servers** (:mod:`.launch`; cosyvoice3). One ``trtllm-serve`` per GPU group, as
+   upstream's ``run_cosyvoice3.sh`` starts it, each on its own port; Triton starts only once
+   every one answers ``/health``, so the orchestrator never sees a refused connection.
 4. **Triton** (:mod:`.supervisor`). ``tritonserver`` runs as a child. SIGTERM and SIGINT go to
    Triton first, which drains in-flight streams for ``--exit-timeout-seconds``; the LLM
    servers those streams still need are stopped only after Triton has exited.

@@ -264,17 +264,16 @@ def compare(
     facts: PodFacts,
     llm_groups: tuple[tuple[str, ...], ...] | None,
     file_problems: Sequence[str],
-    vllm: bool = False,
 ) -> list[Mismatch]:
     """Everything about this pod that keeps the engine from loading correctly in it."""
     found = [
         *_check_key(manifest, engine_dir, key),
         *_check_variant(manifest, variant),
         *_check_gpu_arch(manifest, facts),
-        *_check_versions(manifest, facts, vllm),
+        *_check_versions(manifest, facts),
     ]
-    if variant is Variant.COSYVOICE3 or vllm:
-        found += _check_llm_groups(manifest, facts, llm_groups, vllm)
+    if variant is Variant.COSYVOICE3:
+        found += _check_llm_groups(manifest, facts, llm_groups)
     if manifest.get("variant") == variant.value:  # else the variant's mismatch says it all
         found += _check_model_files(manifest, engine_dir, variant)
     found += _check_files(engine_dir, key, file_problems)
@@ -286,7 +285,8 @@ def _check_model_files(
 ) -> list[Mismatch]:
     """The files of the engine's model directory the model code opens (layout.serving_files):
     an engine built before the builder checked them may lack one, which would otherwise be a
-    Triton load error. An artifact without a model directory (vLLM's plans) has none."""
+    Triton load error. A manifest without a model directory has nothing to check here (its
+    files are still checked)."""
     layout = manifest.get("layout")
     if not isinstance(layout, dict) or member(layout.get("modelDir")) is None:
         return []
@@ -365,12 +365,13 @@ def _check_gpu_arch(manifest: Mapping[str, Any], facts: PodFacts) -> list[Mismat
     ]
 
 
-def _check_versions(manifest: Mapping[str, Any], facts: PodFacts, vllm: bool) -> list[Mismatch]:
+def _check_versions(manifest: Mapping[str, Any], facts: PodFacts) -> list[Mismatch]:
     versions = manifest.get("versions")
     versions = versions if isinstance(versions, dict) else {}
-    checked = [("TensorRT", "tensorrt", facts.tensorrt)]
-    if not vllm:  # vLLM's pods load TensorRT plans, no TensorRT-LLM engine
-        checked.append(("TensorRT-LLM", "tensorrtLlm", facts.tensorrt_llm))
+    checked = [
+        ("TensorRT", "tensorrt", facts.tensorrt),
+        ("TensorRT-LLM", "tensorrtLlm", facts.tensorrt_llm),
+    ]
     found: list[Mismatch] = []
     for name, field_name, have in checked:
         built = versions.get(field_name)
@@ -401,12 +402,10 @@ def _check_llm_groups(
     manifest: Mapping[str, Any],
     facts: PodFacts,
     groups: tuple[tuple[str, ...], ...] | None,
-    vllm: bool,
 ) -> list[Mismatch]:
     """The LLM servers' GPU groups: the engine's tensor-parallel size, and GPUs that exist."""
     found: list[Mismatch] = []
-    # vLLM's tensor parallelism is the groups' size itself: nothing built to match.
-    tp = None if vllm else manifest.get("tensorParallelSize")
+    tp = manifest.get("tensorParallelSize")
     if isinstance(tp, int) and groups is not None:
         sizes = sorted({len(g) for g in groups})
         if sizes != [tp]:
@@ -491,30 +490,7 @@ def run_gate(
         file_problems=check_file_sizes(
             options.engine_dir, manifest, hashes=bool(options.manifest_sha256)
         ),
-        vllm=options.vllm,
     )
-    if options.vllm and options.checkpoint_dir is not None:
-        try:
-            checkpoint = read_manifest(
-                options.checkpoint_dir, options.checkpoint_key, options.checkpoint_manifest_sha256
-            )
-        except _ManifestUnusable as exc:
-            return GateResult(False, exc.reason, f"checkpoint: {exc}"), facts
-        problems = check_file_sizes(
-            options.checkpoint_dir, checkpoint, hashes=bool(options.checkpoint_manifest_sha256)
-        )
-        if problems:
-            mismatches.append(
-                Mismatch(
-                    "files",
-                    f"{len(problems)} file(s) of checkpoint {options.checkpoint_key} missing or "
-                    f"changed since the fetch: {', '.join(problems[:_MESSAGE_FILES_LISTED])}",
-                    f"`kubectl delete jobs,configmaps -l tts.cosyvoice.dev/engine-key="
-                    f"{options.checkpoint_key}` makes the operator fetch it again",
-                )
-            )
-        # The model view and the LLM servers read the checkpoint's layout.
-        manifest = {**manifest, "checkpointLayout": checkpoint.get("layout") or {}}
     if mismatches:
         message = gate_message(options.key, manifest, facts, mismatches)
         return GateResult(False, "EngineIncompatible", message, mismatches, manifest), facts

@@ -1,4 +1,4 @@
-"""The command lines of the servers: ``trtllm-serve`` or ``vllm serve`` per GPU group, and Triton.
+"""The command lines of the servers: ``trtllm-serve`` per GPU group, and Triton.
 
 Pure functions of the options, the manifest and the environment (which may name other
 executables); nothing here starts a process. :func:`plan_llm_servers` is what the
@@ -16,45 +16,6 @@ from cosyvoice_engine_builder.layout import ENGINE_LLM_DIR, ENGINE_MODEL_DIR, LL
 from cosyvoice_engine_builder.serving.gate import effective_llm_groups, layout_path
 from cosyvoice_engine_builder.serving.options import ServeOptions
 from cosyvoice_engine_builder.toolchain import find_executable
-
-
-def vllm_serve_argv(
-    options: ServeOptions,
-    manifest: Mapping[str, Any],
-    port: int,
-    tensor_parallel_size: int,
-    environ: Mapping[str, str],
-) -> tuple[str, ...]:
-    """One vLLM OpenAI server on the checkpoint's LLM (its Hugging Face directory)."""
-    assert options.checkpoint_dir is not None
-    layout = {"layout": manifest.get("checkpointLayout") or {}}
-    llm = layout_path(
-        options.checkpoint_dir, layout, "tokenizerDir", f"{ENGINE_MODEL_DIR}/{LLM_SUBDIR}"
-    )
-    argv = [
-        environ.get("VLLM") or "vllm",
-        "serve",
-        str(llm),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--served-model-name",
-        options.llm_served_model_name,
-        "--tensor-parallel-size",
-        str(tensor_parallel_size),
-        "--dtype",
-        options.llm_dtype,
-        "--max-num-seqs",
-        str(options.llm_max_batch_size),
-        "--max-num-batched-tokens",
-        str(options.llm_max_num_tokens),
-        "--gpu-memory-utilization",
-        f"{options.llm_gpu_memory_utilization:g}",
-    ]
-    if options.llm_kv_cache_dtype != "auto":
-        argv += ["--kv-cache-dtype", options.llm_kv_cache_dtype]
-    return tuple(argv)
 
 
 def trtllm_serve_argv(
@@ -203,14 +164,13 @@ class LlmServer:
     gpus: tuple[str, ...]
     port: int
     argv: tuple[str, ...]
-    program: str = "trtllm-serve"
 
     @property
     def name(self) -> str:
         return f"llm{self.index}"
 
     def describe(self) -> str:
-        return f"{self.program} {self.name} (GPUs {','.join(self.gpus)}, port {self.port})"
+        return f"trtllm-serve {self.name} (GPUs {','.join(self.gpus)}, port {self.port})"
 
 
 def plan_llm_servers(
@@ -219,11 +179,6 @@ def plan_llm_servers(
     servers = []
     for index, gpus in enumerate(effective_llm_groups(options, manifest) or ()):
         port = options.llm_base_port + index
-        argv = (
-            vllm_serve_argv(options, manifest, port, len(gpus), environ)
-            if options.vllm
-            else trtllm_serve_argv(options, manifest, port, environ)
-        )
-        program = "vllm serve" if options.vllm else "trtllm-serve"
-        servers.append(LlmServer(index, gpus, port, argv, program))
+        argv = trtllm_serve_argv(options, manifest, port, environ)
+        servers.append(LlmServer(index, gpus, port, argv))
     return servers

@@ -146,8 +146,5 @@ def assemble_model_view(target: Path, links: Mapping[str, Path]) -> None:
 
 
 def model_dir_of(options: ServeOptions, manifest: Mapping[str, Any]) -> Path:
-    """The engine's model directory, or with vLLM the checkpoint's."""
-    if options.vllm and options.checkpoint_dir is not None:
-        layout = {"layout": manifest.get("checkpointLayout") or {}}
-        return layout_path(options.checkpoint_dir, layout, "modelDir", ENGINE_MODEL_DIR)
+    """The engine's model directory."""
     return layout_path(options.engine_dir, manifest, "modelDir", ENGINE_MODEL_DIR)
