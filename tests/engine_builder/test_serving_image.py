@@ -118,7 +118,7 @@ def test_the_image_puts_things_where_serve_looks_for_them() -> None:
     # tests/serving_models/test_image_model_code.py).
     assert Path("/opt/cosyvoice/models") == options.DEFAULT_MODEL_CODE
     assert "COPY --from=upstream /out/opt/cosyvoice /opt/cosyvoice" in dockerfile
-    assert 'place-model-code.sh /src/serving-image/model-code.list \\\n' in dockerfile
+    assert "place-model-code.sh /src/serving-image/model-code.list \\\n" in dockerfile
     assert '"${out}/models"' in dockerfile
     # Only code directories: config.pbtxt files come from the operator.
     assert "config.pbtxt" not in re.sub(r"#.*", "", dockerfile)
