@@ -25,10 +25,12 @@ from cosyvoice_engine_builder.runner import Runner
 from cosyvoice_engine_builder.serving.exit_codes import (
     EXIT_CONFIG,
     EXIT_INCOMPATIBLE,
+    EXIT_SERVER_FAILED,
     ConfigError,
     ServerFailed,
 )
 from cosyvoice_engine_builder.serving.gate import GateResult, PodFacts, observe_pod, run_gate
+from cosyvoice_engine_builder.serving.health import HealthServer
 from cosyvoice_engine_builder.serving.launch import (
     LlmServer,
     display,
@@ -127,6 +129,16 @@ def run_pod(plan: PodPlan, supervisor: Supervisor, environ: Mapping[str, str]) -
         console.out(f"[serve] {signal.Signals(supervisor.received).name} before any server started")
         return 128 + supervisor.received
     try:
+        probes = HealthServer(
+            options.health_port, supervisor.not_ready_reason, supervisor.metrics_text
+        )
+    except OSError as exc:
+        message = f"--health-port {options.health_port}: cannot serve GET /ready: {exc}"
+        console.err(f"error: {message}")
+        report(step="start", message=message)
+        return EXIT_SERVER_FAILED
+    probes.start()
+    try:
         failed = supervisor.start_llms(plan.servers, environ)
         if failed is not None:
             return failed
@@ -136,6 +148,8 @@ def run_pod(plan: PodPlan, supervisor: Supervisor, environ: Mapping[str, str]) -
         report(step="start", message=str(exc), tail=exc.tail)
         supervisor.stop_llms()
         return exc.code
+    finally:
+        probes.stop()
 
 
 def print_plan(plan: PodPlan, console: Console) -> None:

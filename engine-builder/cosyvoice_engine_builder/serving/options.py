@@ -32,6 +32,11 @@ DEFAULT_KV_CACHE_FRACTION = 0.4
 DEFAULT_LLM_STARTUP_SECONDS = 600.0
 # Triton's own default for --exit-timeout-secs.
 DEFAULT_EXIT_TIMEOUT_SECONDS = 30
+# How long a SIGTERM'd pod keeps Triton serving the streams in flight (the operator renders
+# its drain setting here, and the grace period around it).
+DEFAULT_DRAIN_SECONDS = 120
+# The supervisor's own readiness endpoint (GET /ready), which the rendered probes use.
+DEFAULT_HEALTH_PORT = 8003
 
 
 _GPU_INDEX_RE = re.compile(r"^[0-9]{1,3}$")
@@ -118,7 +123,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--exit-timeout-seconds",
         type=_non_negative_int,
         default=DEFAULT_EXIT_TIMEOUT_SECONDS,
-        help="tritonserver --exit-timeout-secs: how long in-flight requests may finish",
+        help="tritonserver --exit-timeout-secs: how long Triton may take to stop once the "
+        "drain is over",
+    )
+    parser.add_argument(
+        "--drain-seconds",
+        type=_non_negative_int,
+        default=DEFAULT_DRAIN_SECONDS,
+        help="after SIGTERM: answer not-ready, refuse new streams and keep Triton serving "
+        "the streams in flight for at most this long (until the orchestrators' "
+        "cosyvoice_active_streams gauge is 0), then stop Triton",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print the checks and the commands; start nothing"
@@ -172,6 +186,12 @@ def _add_ports_and_llm_servers(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", type=_port, default=8000)
     parser.add_argument("--grpc-port", type=_port, default=8001)
     parser.add_argument("--metrics-port", type=_port, default=8002)
+    parser.add_argument(
+        "--health-port",
+        type=_port,
+        default=DEFAULT_HEALTH_PORT,
+        help="this command's GET /ready: Triton ready and the pod not draining",
+    )
     parser.add_argument(
         "--llm-groups",
         type=parse_llm_groups,
@@ -269,6 +289,8 @@ class ServeOptions:
     llm_served_model_name: str = "cosyvoice-llm"
     manifest_sha256: str = ""
     checkpoint_manifest_sha256: str = ""
+    health_port: int = DEFAULT_HEALTH_PORT
+    drain_seconds: int = DEFAULT_DRAIN_SECONDS
 
     @property
     def vllm(self) -> bool:
@@ -308,6 +330,8 @@ class ServeOptions:
             llm_served_model_name=args.llm_served_model_name,
             manifest_sha256=args.manifest_sha256 or "",
             checkpoint_manifest_sha256=args.checkpoint_manifest_sha256 or "",
+            health_port=args.health_port,
+            drain_seconds=args.drain_seconds,
         )
         if options.vllm:
             if options.checkpoint_dir is None or not options.checkpoint_key:
@@ -330,6 +354,7 @@ class ServeOptions:
             "--http-port": self.http_port,
             "--grpc-port": self.grpc_port,
             "--metrics-port": self.metrics_port,
+            "--health-port": self.health_port,
         }
         if len(set(triton.values())) < len(triton):
             raise ConfigError(f"Triton's ports must differ: {triton}")

@@ -2,8 +2,12 @@
 
 The only module that starts and stops processes. As the container's PID 1 this process
 also reaps orphans (:func:`reap_orphans`) and must route SIGTERM and SIGINT itself
-(:func:`signals_to`): Triton gets them first and drains, and the LLM servers its streams
-still need are stopped only after it has exited.
+(:func:`signals_to`). SIGTERM while Triton serves starts a drain (:meth:`Supervisor.run_triton`):
+readiness answers not-ready (:mod:`.health`), the orchestrators refuse new streams (the
+drain file), and Triton keeps serving until their ``cosyvoice_active_streams`` gauge sums
+to 0 or ``--drain-seconds`` is up; only then is Triton told to stop. SIGINT, or a second
+SIGTERM, goes to Triton at once. The LLM servers its streams still need are stopped only
+after Triton has exited.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import IO
 
 from cosyvoice_engine_builder.progress import Console
-from cosyvoice_engine_builder.serving import launch
+from cosyvoice_engine_builder.serving import health, launch, stubs
 from cosyvoice_engine_builder.serving.exit_codes import EXIT_SERVER_FAILED, ServerFailed
 from cosyvoice_engine_builder.serving.launch import LlmServer
 from cosyvoice_engine_builder.serving.options import ServeOptions
@@ -35,6 +40,11 @@ _LLM_STOP_GRACE_SECONDS = 15.0
 # serve itself stops Triton; after a forwarded signal the kubelet's grace period rules).
 _TRITON_STOP_MARGIN_SECONDS = 15.0
 _TAIL_LINES = 40
+_DRAIN_POLL_SECONDS = 0.25
+# Consecutive unreadable metrics pages after which a drain stops waiting (Triton's metrics
+# server is gone or wedged: nothing tells how many streams are left).
+_DRAIN_UNREADABLE_LIMIT = 8
+_STUB_CHECK_SECONDS = 1.0
 
 
 def exit_code_of(returncode: int) -> int:
@@ -94,15 +104,31 @@ class Supervisor:
         # Once Triton is being started, signals are Triton's alone: the LLM servers must
         # outlive its drain.
         self.triton_phase = False
+        # SIGTERM while Triton serves: the main loop drains, then stops Triton.
+        self.drain_requested = False
+        self.draining = False
+        self.forwarded = False
+        self.drain_file = drain_file_of(options)
+        # The stubs recorded once Triton was ready (None before), and a failure found since.
+        self.expected_stubs: dict[str, int] | None = None
+        self.stub_failure: str | None = None
+        self.stub_failures = 0
+        self.triton_restarts = 0
+        self._next_stub_check = 0.0
         self._lock = threading.Lock()
 
     # Signals: recorded and forwarded from the handler, acted upon by the main loop.
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.received = signum
         if self.triton_phase:
-            # Triton drains in-flight streams, which still need the LLM servers. A signal
-            # that arrives while Triton is being started is passed on once it runs.
-            if self.triton is not None:
+            # The first SIGTERM is drained by the main loop (Triton keeps serving the
+            # streams in flight, which still need the LLM servers); SIGINT or a second
+            # SIGTERM goes to Triton at once. A signal that arrives while Triton is being
+            # started is passed on once it runs.
+            if signum == signal.SIGTERM and not self.drain_requested:
+                self.drain_requested = True
+            elif self.triton is not None:
+                self.forwarded = True
                 self.triton.signal(signum)
         else:
             for _, child in self.llms:
@@ -241,18 +267,174 @@ class Supervisor:
                 self._tick()
         return None
 
+    # Readiness, the drain, and the stubs.
+    def _url(self, port: int, path: str) -> str:
+        return f"http://127.0.0.1:{port}{path}"
+
+    def _triton_ready(self) -> bool:
+        url = self._url(self.options.http_port, "/v2/health/ready")
+        return health.local_status(url) == 200
+
+    def not_ready_reason(self) -> str | None:
+        """None when the pod should take new streams; otherwise why not (GET /ready)."""
+        if self.draining or self.drain_requested:
+            return "draining: the pod is stopping and takes no new stream"
+        if self.stub_failure is not None:
+            return self.stub_failure
+        if self.triton is None or self.triton.poll() is not None:
+            return "Triton is not running"
+        if self.expected_stubs is None:
+            return "Triton is not ready yet"
+        if not self._triton_ready():
+            return "Triton's /v2/health/ready does not answer 200"
+        return None
+
+    def metrics_text(self) -> str:
+        """This command's own counters (GET /metrics on --health-port)."""
+        return (
+            "# HELP cosyvoice_serve_stub_failures_total Python backend stubs found dead, "
+            "a zombie or stopped under a ready Triton\n"
+            "# TYPE cosyvoice_serve_stub_failures_total counter\n"
+            f"cosyvoice_serve_stub_failures_total {self.stub_failures}\n"
+            "# HELP cosyvoice_serve_triton_restarts_total Triton restarts to recover stubs\n"
+            "# TYPE cosyvoice_serve_triton_restarts_total counter\n"
+            f"cosyvoice_serve_triton_restarts_total {self.triton_restarts}\n"
+        )
+
+    def _in_flight(self) -> int | None:
+        text = health.local_text(self._url(self.options.metrics_port, "/metrics"))
+        return None if text is None else health.streams_in_flight(text)
+
+    def _refuse_new_streams(self) -> None:
+        with contextlib.suppress(OSError):
+            self.drain_file.parent.mkdir(parents=True, exist_ok=True)
+            self.drain_file.write_text("draining\n")
+
+    def _drain(self, triton: _Child) -> None:
+        """SIGTERM: keep Triton serving until no stream is in flight or the drain time is up,
+        then stop it (Triton's own --exit-timeout-secs then applies)."""
+        self.draining = True
+        self._refuse_new_streams()
+        if self.expected_stubs is None and not self._triton_ready():
+            self.console.out("[serve] SIGTERM: Triton is not serving; stopping it")
+            self._forward(triton)
+            return
+        self.console.out(
+            "[serve] SIGTERM: not ready, refusing new streams; Triton serves the streams in "
+            f"flight for up to {self.options.drain_seconds}s"
+        )
+        self._wait_for_streams(triton)
+        self._forward(triton)
+
+    def _wait_for_streams(self, triton: _Child) -> None:
+        """Until the orchestrators' gauge (plus Triton's queue) is 0, the drain time is up,
+        Triton has exited or was signalled directly, or its metrics cannot be read."""
+        started = time.monotonic()
+        deadline = started + self.options.drain_seconds
+        unreadable, last = 0, -1
+        while triton.poll() is None and not self.forwarded:
+            count = self._in_flight()
+            now = time.monotonic()
+            if count is None:
+                unreadable += 1
+                if unreadable >= _DRAIN_UNREADABLE_LIMIT:
+                    self.console.out(
+                        "[serve] Triton's metrics cannot be read: stopping Triton without "
+                        "knowing the streams in flight"
+                    )
+                    return
+            else:
+                unreadable = 0
+                if count == 0:
+                    self.console.out(
+                        f"[serve] no stream in flight after {now - started:.1f}s: stopping Triton"
+                    )
+                    return
+                if count != last:
+                    self.console.out(f"[serve] draining: {count} stream(s) in flight")
+                    last = count
+            if now >= deadline:
+                self.console.out(
+                    f"[serve] drain time ({self.options.drain_seconds}s) is up with "
+                    f"{last} stream(s) in flight: stopping Triton"
+                )
+                return
+            if os.getpid() == 1:
+                reap_orphans(self._known_pids())
+            time.sleep(_DRAIN_POLL_SECONDS)
+
+    def _forward(self, triton: _Child) -> None:
+        if not self.forwarded:
+            self.forwarded = True
+            triton.signal(signal.SIGTERM)
+
+    def _check_stubs(self, triton: _Child) -> list[str]:
+        """The instances whose stub failed (see :mod:`.stubs`); first records them once
+        Triton is ready. Checked at most every second."""
+        now = time.monotonic()
+        if now < self._next_stub_check:
+            return []
+        self._next_stub_check = now + _STUB_CHECK_SECONDS
+        if self.expected_stubs is None:
+            if self._triton_ready():
+                self.expected_stubs = stubs.live_instances(stubs.stubs_of(triton.process.pid))
+                self.console.out(
+                    f"[serve] Triton is ready with {len(self.expected_stubs)} Python stub(s)"
+                )
+            return []
+        return stubs.failed_instances(self.expected_stubs, stubs.stubs_of(triton.process.pid))
+
+    def _recover(self, triton: _Child, failed: list[str]) -> None:
+        """A stub failed: not ready at once; the other streams finish (up to the drain
+        time), then Triton is stopped, to be started again by :meth:`run_triton`."""
+        self.stub_failures += len(failed)
+        self.stub_failure = f"Python backend stub of {', '.join(failed)} died or stopped"
+        self.console.err(
+            f"[serve] {self.stub_failure}: not ready; Triton restarts once the streams in "
+            f"flight are done (up to {self.options.drain_seconds}s)"
+        )
+        self._refuse_new_streams()
+        self._wait_for_streams(triton)
+        self._forward(triton)
+        try:
+            triton.process.wait(
+                timeout=self.options.exit_timeout_seconds + _TRITON_STOP_MARGIN_SECONDS
+            )
+        except subprocess.TimeoutExpired:
+            triton.kill_group()
+            triton.process.wait()
+        triton.kill_group()  # stubs that outlived it
+
     def run_triton(self, argv: Sequence[str], environ: Mapping[str, str]) -> int:
-        self.console.out(f"[serve] starting Triton: {launch.display(argv)}")
+        """Triton until it exits; restarted in place when one of its stubs failed."""
         self.triton_phase = True
-        triton = self._start("tritonserver", argv, environ, piped=False)
-        self.triton = triton
-        if self.received is not None:
-            # A signal between the LLMs' health and Triton's start.
-            triton.signal(self.received)
+        env = {**environ, health.DRAIN_FILE_ENV: str(self.drain_file)}
+        while True:
+            self.drain_file.unlink(missing_ok=True)
+            self.console.out(f"[serve] starting Triton: {launch.display(argv)}")
+            triton = self._start("tritonserver", argv, env, piped=False)
+            self.triton = triton
+            self.expected_stubs = None
+            self.stub_failure = None
+            self.forwarded = False
+            if self.received is not None and not self.drain_requested:
+                # A signal between the LLMs' health and Triton's start.
+                self.forwarded = True
+                triton.signal(self.received)
+            result = self._serve(triton)
+            if result is not None:
+                return result
+            self.triton_restarts += 1
+
+    def _serve(self, triton: _Child) -> int | None:
+        """Watch Triton: its exit code (the pod's), or None to start it again."""
         while True:
             code = triton.poll()
             if code is not None:
                 break
+            if self.drain_requested and not self.draining:
+                self._drain(triton)
+                continue
             exited = self._llm_exited() if self.received is None else None
             if exited is not None:
                 server, child, llm_code = exited
@@ -268,12 +450,26 @@ class Supervisor:
                     triton.process.wait()
                 self.stop_llms()
                 return result
+            failed = self._check_stubs(triton) if self.received is None else []
+            if failed:
+                self._recover(triton, failed)
+                if self.received is None:
+                    return None
+                continue  # a signal came meanwhile: Triton's exit is the pod's
             self._tick()
         status = exit_code_of(code)
         cause = f"after {signal.Signals(self.received).name}" if self.received is not None else ""
         self.console.out(f"[serve] Triton exited with code {status} {cause}".rstrip())
+        self.drain_file.unlink(missing_ok=True)
         self.stop_llms()
         return status
+
+
+def drain_file_of(options: ServeOptions) -> Path:
+    """Beside the model repository (a directory this command owns): its existence tells the
+    orchestrators to refuse new streams."""
+    repository = options.model_repository
+    return repository.parent / f"{repository.name}.draining"
 
 
 # Straight to the loopback address: a cluster-wide HTTP_PROXY must not carry health probes.

@@ -49,6 +49,21 @@ from cosyvoice_operator.render import triton
 ENGINES_MOUNT = "/engines"
 REPO_MOUNT = "/etc/cosyvoice/repository"
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+# cosyvoice-serve's own GET /ready (Triton ready and the pod not draining): the startup and
+# readiness probes.
+HEALTH_PORT = 8003
+# The pod's stop, in order (the kubelet's grace period covers all of it):
+# 1. preStop sleeps PRESTOP_SECONDS while the pod leaves the Service's endpoints (it is
+#    Terminating); streams that still arrive on stale endpoints are served.
+# 2. SIGTERM: cosyvoice-serve answers not-ready, the orchestrators refuse new streams, and
+#    Triton serves the streams in flight until none is left, at most drain_seconds.
+# 3. Triton is told to stop and gets TRITON_EXIT_SECONDS (--exit-timeout-seconds): no
+#    stream is left, but Python instances unload one after the other (about a second each
+#    on the CPU twin; 16 orchestrator instances by default), and Triton's own default is 30.
+# 4. The LLM servers beside it get LLM_STOP_SECONDS (cosyvoice-serve's stop grace).
+PRESTOP_SECONDS = 10
+TRITON_EXIT_SECONDS = 30
+LLM_STOP_SECONDS = 15
 CONTAINER = "triton"
 
 
@@ -255,8 +270,12 @@ def serve_args(
         str(GRPC_PORT),
         "--metrics-port",
         str(METRICS_PORT),
-        "--exit-timeout-seconds",
+        "--health-port",
+        str(HEALTH_PORT),
+        "--drain-seconds",
         str(settings.drain_seconds),
+        "--exit-timeout-seconds",
+        str(TRITON_EXIT_SECONDS),
     ]
     if manifest_sha256:
         args += ["--manifest-sha256", manifest_sha256]
@@ -334,7 +353,7 @@ def _pod_spec(
     """A serving pod: the Triton container, the engine cache read-only, spread over nodes."""
     pod_spec: dict[str, Any] = {
         "containers": [_container(svc, target, settings)],
-        "terminationGracePeriodSeconds": settings.drain_seconds + 15,
+        "terminationGracePeriodSeconds": grace_seconds(settings),
         "automountServiceAccountToken": False,
         "securityContext": {
             "runAsNonRoot": True,
@@ -379,16 +398,23 @@ def _pod_spec(
     return pod_spec
 
 
+def grace_seconds(settings: ServingSettings) -> int:
+    """preStop, then the drain, then Triton's and the LLM servers' stop (see PRESTOP_SECONDS)."""
+    return PRESTOP_SECONDS + settings.drain_seconds + TRITON_EXIT_SECONDS + LLM_STOP_SECONDS
+
+
 def _container(svc: ServiceSpec, target: ArchServing, settings: ServingSettings) -> dict[str, Any]:
-    """The Triton container: `serve` with this architecture's engine, probed on /v2/health."""
+    """The Triton container: `serve` with this architecture's engine; ready on serve's /ready
+    (Triton ready and not draining), live on Triton's /v2/health/live."""
     ports = [
         {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
         {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
         {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        {"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
     ]
     for i, port in enumerate(triton.llm_ports(svc)):
         ports.append({"name": f"llm-{i}", "containerPort": port, "protocol": "TCP"})
-    probe = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "timeoutSeconds": 5}
+    probe = {"httpGet": {"path": "/ready", "port": "health"}, "timeoutSeconds": 5}
     return {
         "name": CONTAINER,
         "image": serving_image(svc, settings),
@@ -418,9 +444,9 @@ def _container(svc: ServiceSpec, target: ArchServing, settings: ServingSettings)
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
-        # Out of the Service's endpoints first, then Triton is told to stop and lets the
-        # streams in flight finish (--exit-timeout-seconds).
-        "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
+        # Out of the Service's endpoints first; then SIGTERM, and cosyvoice-serve drains
+        # (see PRESTOP_SECONDS).
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,

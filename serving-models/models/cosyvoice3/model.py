@@ -35,7 +35,7 @@ for _path in reversed(os.environ.get("COSYVOICE_MODELS_PATH", "").split(":")):
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]  # noqa: E402
 
-from cosyvoice_serving_models import contract, features  # noqa: E402
+from cosyvoice_serving_models import admission, contract, features  # noqa: E402
 from cosyvoice_serving_models.chunking import LOOKAHEAD_TOKENS, Chunking  # noqa: E402
 from cosyvoice_serving_models.llm_groups import LeastLoaded  # noqa: E402
 from cosyvoice_serving_models.speakers import SpeakerCache, speaker_key  # noqa: E402
@@ -188,8 +188,10 @@ class TritonPythonModel:
     def execute(self, requests: list[Any]) -> list[Any] | None:
         responses = []
         for request in requests:
-            self.active.set(1)
+            self.active.set(1)  # before the drain check: see admission.py
             try:
+                if admission.draining():
+                    raise pb_utils.TritonModelException(admission.DRAINING_ERROR)
                 if self.decoupled:
                     self._stream(request)
                 else:

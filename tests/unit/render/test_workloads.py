@@ -67,6 +67,38 @@ def test_the_deployment_as_rendered() -> None:
     golden("serving-networkpolicy.yaml", workloads.render_network_policy(body(), "ml", SETTINGS))
 
 
+def test_the_grace_period_covers_prestop_drain_and_the_servers_stop() -> None:
+    """Issue 19 item 6: preStop (out of the endpoints), then cosyvoice-serve's drain (the
+    streams in flight end), then Triton's and the LLM servers' stop all fit in the grace."""
+    settings = ServingSettings(drain_seconds=300)
+    dep = workloads.render_deployment(
+        body(), service(), ArchServing("sm_90", KEY, ("NVIDIA-H100",), 1), "ml", settings, "r"
+    )
+    pod = dep["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    args = c["args"]
+
+    def arg(name: str) -> int:
+        return int(args[args.index(name) + 1])
+
+    prestop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert arg("--drain-seconds") == 300
+    assert pod["terminationGracePeriodSeconds"] == (
+        prestop + arg("--drain-seconds") + arg("--exit-timeout-seconds") + 15
+    )  # 15: cosyvoice-serve's stop grace for the LLM servers (supervisor)
+    assert (prestop, arg("--exit-timeout-seconds"), pod["terminationGracePeriodSeconds"]) == (
+        10, 30, 355,
+    )  # fmt: skip
+    # Ready only on cosyvoice-serve's /ready (not draining, every stub alive); live on Triton's.
+    health = {"httpGet": {"path": "/ready", "port": "health"}, "timeoutSeconds": 5}
+    assert {**c["readinessProbe"], **health} == c["readinessProbe"]
+    assert {**c["startupProbe"], **health} == c["startupProbe"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    assert {"name": "health", "containerPort": arg("--health-port"), "protocol": "TCP"} in c[
+        "ports"
+    ]
+
+
 def test_the_pod_is_restricted_sized_and_pinned_to_its_architecture() -> None:
     user_affinity = {
         "nodeAffinity": {

@@ -154,6 +154,36 @@ def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
         return err.code, err.read()
 
 
+def server_command(work: Path) -> tuple[list[str], dict[str, str]]:
+    """The pytriton wheel's ``tritonserver`` with the flags every twin server needs (its
+    Python backend under ``work/backends``, configs loaded as rendered, loopback addresses,
+    shared memory of its own), and the environment it runs in. Ports, repository and exit
+    timeout are the caller's (:class:`TritonServer`, or ``cosyvoice-serve`` through a
+    wrapper script in the serving tests)."""
+    pytriton = _pytriton_dir()
+    backends = _python_backend(work / "backends")
+    env = dict(os.environ)
+    # The server's own libraries, then this interpreter's libpython: the stub embeds the
+    # Python that runs the tests (the system's libpython3.X is the fallback).
+    libs = [str(pytriton.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR")]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [*libs, env.get("LD_LIBRARY_PATH")]))
+    # The embedded Python finds its prefix (and so the venv's NumPy) from PATH.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    command = [
+        str(pytriton / "tritonserver" / "bin" / "tritonserver"),
+        f"--backend-directory={backends}",
+        # Configs load as rendered: no field filled in by the backends.
+        "--disable-auto-complete-config",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        "--allow-gpu-metrics=false",
+        # Shared-memory regions of this server only (the default prefix is global).
+        f"--backend-config=python,shm-region-prefix-name=cvtwin{os.getpid()}{secrets.token_hex(3)}",
+    ]
+    return command, env
+
+
 class TritonServer:
     """``tritonserver`` from the pytriton wheel on free 127.0.0.1 ports, for one repository."""
 
@@ -178,31 +208,15 @@ class TritonServer:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self, ready_timeout: float = 90.0) -> None:
-        pytriton = _pytriton_dir()
-        backends = _python_backend(self.work / "backends")
-        env = dict(os.environ, **self.extra_env)
-        # The server's own libraries, then this interpreter's libpython: the stub embeds the
-        # Python that runs the tests (the system's libpython3.X is the fallback).
-        libs = [str(pytriton.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR")]
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [*libs, env.get("LD_LIBRARY_PATH")]))
-        # The embedded Python finds its prefix (and so the venv's NumPy) from PATH.
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        command, env = server_command(self.work)
+        env = {**env, **self.extra_env}
         argv = [
-            str(pytriton / "tritonserver" / "bin" / "tritonserver"),
+            *command,
             f"--model-repository={self.repository}",
-            f"--backend-directory={backends}",
-            # Configs load as rendered: no field filled in by the backends.
-            "--disable-auto-complete-config",
             "--strict-readiness=true",
-            "--http-address=127.0.0.1",
             f"--http-port={self.http_port}",
-            "--grpc-address=127.0.0.1",
             f"--grpc-port={self.grpc_port}",
-            "--metrics-address=127.0.0.1",
             f"--metrics-port={self.metrics_port}",
-            "--allow-gpu-metrics=false",
-            # Shared-memory regions of this server only (the default prefix is global).
-            f"--backend-config=python,shm-region-prefix-name=cvtwin{os.getpid()}{secrets.token_hex(3)}",
             # Python-backend instances unload one after the other, about a second each; a
             # test has no use for a graceful unload (the stubs end with the server).
             "--exit-timeout-secs=3",

@@ -117,12 +117,65 @@ class Chunking:
         return int(TOKEN_RATE * 2**index)  # upstream's "exponential" strategy
 
 
+DRAINING_ERROR = "this pod is draining (stopping): send the stream to another pod"
+
+
+class Streams:
+    """The ``cosyvoice_active_streams`` gauge (one per instance, labelled ``instance``, as the
+    project's orchestrators export it) and the drain's admission check.
+
+    ``cosyvoice-serve`` keeps Triton running after SIGTERM until the gauge sums to 0 over
+    every instance, and meanwhile creates the file ``COSYVOICE_DRAIN_FILE`` names: a request
+    that starts while it exists is refused. The gauge is raised *before* the file is looked
+    at, so a request either shows in the gauge the supervisor reads after creating the file,
+    or sees the file and is refused.
+    """
+
+    def __init__(self, args: dict[str, str]) -> None:
+        # The family must outlive its metric (the backend refuses a metric whose family is gone).
+        self.family = pb_utils.MetricFamily(
+            name="cosyvoice_active_streams",
+            description="Streams this orchestrator instance is serving now",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self.gauge = self.family.Metric(labels={"instance": args.get("model_instance_name", "")})
+        self.active = 0
+        self.gauge.set(0)
+        self.drain_file = os.environ.get("COSYVOICE_DRAIN_FILE", "")
+
+    def admit(self) -> None:
+        """Count the request in; raise :class:`Draining` when the pod no longer takes one."""
+        self.active += 1
+        self.gauge.set(self.active)
+        if self.drain_file and os.path.exists(self.drain_file):
+            self.done()
+            raise Draining(DRAINING_ERROR)
+
+    def done(self) -> None:
+        self.active -= 1
+        self.gauge.set(self.active)
+
+
+class Draining(Exception):
+    """A new request while the pod drains."""
+
+
+def error_response(exc: Exception) -> Any:
+    """The client's error; a refusal while draining is UNAVAILABLE (retry elsewhere) where the
+    backend has status codes."""
+    code = getattr(pb_utils.TritonError, "UNAVAILABLE", None)
+    if isinstance(exc, Draining) and code is not None:
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), code))
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.host = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
         self.pace = Pace()
+        self.streams = Streams(args)
         self.chunks = Chunking(config)
 
     def _request(self, model: str, inputs: dict[str, Any], outputs: list[str], **kw: Any) -> Any:
@@ -269,23 +322,28 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio)])
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
-        if not self.decoupled:
-            responses = []
-            for request in requests:
-                try:
-                    responses.append(self._offline(request))
-                except Exception as exc:  # reported to the client
-                    responses.append(
-                        pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
-                    )
-            return responses
+        responses: list[Any] = []
         for request in requests:
             try:
-                self._stream(request)
+                self.streams.admit()
+            except Draining as exc:
+                self._answer_error(request, exc, responses)
+                continue
+            try:
+                if self.decoupled:
+                    self._stream(request)
+                else:
+                    responses.append(self._offline(request))
             except Exception as exc:  # reported to the client
-                sender = request.get_response_sender()
-                sender.send(
-                    pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-                )
-        return None
+                self._answer_error(request, exc, responses)
+            finally:
+                self.streams.done()
+        return None if self.decoupled else responses
+
+    def _answer_error(self, request: Any, exc: Exception, responses: list[Any]) -> None:
+        if self.decoupled:
+            request.get_response_sender().send(
+                error_response(exc), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            )
+        else:
+            responses.append(error_response(exc))

@@ -1,0 +1,21 @@
+"""The drain's admission check, shared by the orchestrators.
+
+``cosyvoice-serve`` keeps Triton running after SIGTERM until the orchestrators'
+``cosyvoice_active_streams`` gauge sums to 0, and meanwhile creates the file
+``COSYVOICE_DRAIN_FILE`` names (in tritonserver's environment, which the stubs inherit): a
+request that starts while it exists is refused with :data:`DRAINING_ERROR`. An orchestrator
+raises its gauge *before* it calls :func:`draining`, so every request either shows in the
+gauge the supervisor reads after creating the file, or sees the file and is refused.
+"""
+
+from __future__ import annotations
+
+import os
+
+DRAIN_FILE_ENV = "COSYVOICE_DRAIN_FILE"
+DRAINING_ERROR = "this pod is draining (stopping): send the stream to another pod"
+
+
+def draining(environ: dict[str, str] | None = None) -> bool:
+    path = (os.environ if environ is None else environ).get(DRAIN_FILE_ENV, "")
+    return bool(path) and os.path.exists(path)
