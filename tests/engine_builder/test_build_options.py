@@ -215,7 +215,17 @@ def test_vllm_builds_and_prefetch_are_usage_errors(builder: Builder) -> None:
     assert not builder.engine_dir.exists()
 
 
-def test_serve_refuses_vllm_without_its_checkpoint(pod: Pod) -> None:
-    result = pod.run(pod.argv(llm_runtime="vllm", dry_run=True))
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"llm_runtime": "vllm"},
+        {"checkpoint_dir": "/engines/" + "2" * 40, "checkpoint_key": "2" * 40},
+        {"llm_served_model_name": "cosyvoice-llm"},
+    ],
+)
+def test_serve_has_no_vllm_mode(pod: Pod, flags: dict[str, str]) -> None:
+    """``cosyvoice-serve``'s vLLM flags went with vLLM: a pod spec naming one is a usage
+    error (exit 2), not a flag accepted and ignored."""
+    result = pod.run(pod.argv(dry_run=True, **flags))
     assert result.code == 2
-    assert "--llm-runtime vllm needs --checkpoint-dir and --checkpoint-key" in result.err
+    assert "unrecognized arguments: --" + next(iter(flags)).replace("_", "-") in result.err

@@ -118,7 +118,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag of ``cosyvoice-serve``, in the order ``--help`` lists them."""
     _add_paths(parser)
     _add_ports_and_llm_servers(parser)
-    _add_vllm(parser)
     parser.add_argument(
         "--exit-timeout-seconds",
         type=_non_negative_int,
@@ -216,50 +215,6 @@ def _add_ports_and_llm_servers(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_vllm(parser: argparse.ArgumentParser) -> None:
-    """The runtime choice, and vLLM's checkpoint and server flags."""
-    parser.add_argument(
-        "--llm-runtime",
-        choices=["tensorrt-llm", "vllm"],
-        default="tensorrt-llm",
-        help="vllm: run `vllm serve` per GPU group on --checkpoint-dir's LLM checkpoint",
-    )
-    parser.add_argument(
-        "--checkpoint-dir", type=Path, default=None, help="vllm: the fetched checkpoint"
-    )
-    parser.add_argument("--checkpoint-key", default="", help="vllm: the checkpoint's key")
-    parser.add_argument(
-        "--checkpoint-manifest-sha256",
-        type=_sha256,
-        default=None,
-        help="vllm: --manifest-sha256 of the checkpoint",
-    )
-    parser.add_argument("--llm-dtype", default="bfloat16", help="vllm serve --dtype")
-    parser.add_argument(
-        "--llm-kv-cache-dtype", default="auto", help="vllm serve --kv-cache-dtype (auto, fp8)"
-    )
-    parser.add_argument(
-        "--llm-max-batch-size", type=int, default=16, help="vllm serve --max-num-seqs"
-    )
-    parser.add_argument(
-        "--llm-max-num-tokens",
-        type=int,
-        default=32768,
-        help="vllm serve --max-num-batched-tokens",
-    )
-    parser.add_argument(
-        "--llm-gpu-memory-utilization",
-        type=_fraction,
-        default=0.4,
-        help="vllm serve --gpu-memory-utilization (the GPU is shared with token2wav)",
-    )
-    parser.add_argument(
-        "--llm-served-model-name",
-        default="cosyvoice-llm",
-        help="vllm serve --served-model-name: the model name the orchestrator asks for",
-    )
-
-
 @dataclass(frozen=True)
 class ServeOptions:
     engine_dir: Path
@@ -278,23 +233,9 @@ class ServeOptions:
     llm_startup_timeout: float
     exit_timeout_seconds: int
     dry_run: bool
-    llm_runtime: str = "tensorrt-llm"
-    checkpoint_dir: Path | None = None
-    checkpoint_key: str = ""
-    llm_dtype: str = "bfloat16"
-    llm_kv_cache_dtype: str = "auto"
-    llm_max_batch_size: int = 16
-    llm_max_num_tokens: int = 32768
-    llm_gpu_memory_utilization: float = 0.4
-    llm_served_model_name: str = "cosyvoice-llm"
     manifest_sha256: str = ""
-    checkpoint_manifest_sha256: str = ""
     health_port: int = DEFAULT_HEALTH_PORT
     drain_seconds: int = DEFAULT_DRAIN_SECONDS
-
-    @property
-    def vllm(self) -> bool:
-        return self.llm_runtime == "vllm"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeOptions:
@@ -319,35 +260,18 @@ class ServeOptions:
             llm_startup_timeout=args.llm_startup_timeout_seconds,
             exit_timeout_seconds=args.exit_timeout_seconds,
             dry_run=args.dry_run,
-            llm_runtime=args.llm_runtime,
-            checkpoint_dir=args.checkpoint_dir,
-            checkpoint_key=args.checkpoint_key,
-            llm_dtype=args.llm_dtype,
-            llm_kv_cache_dtype=args.llm_kv_cache_dtype,
-            llm_max_batch_size=args.llm_max_batch_size,
-            llm_max_num_tokens=args.llm_max_num_tokens,
-            llm_gpu_memory_utilization=args.llm_gpu_memory_utilization,
-            llm_served_model_name=args.llm_served_model_name,
             manifest_sha256=args.manifest_sha256 or "",
-            checkpoint_manifest_sha256=args.checkpoint_manifest_sha256 or "",
             health_port=args.health_port,
             drain_seconds=args.drain_seconds,
         )
-        if options.vllm:
-            if options.checkpoint_dir is None or not options.checkpoint_key:
-                raise ConfigError("--llm-runtime vllm needs --checkpoint-dir and --checkpoint-key")
-            try:
-                validate_key(options.checkpoint_key)
-            except InvalidRequest as exc:
-                raise ConfigError(str(exc)) from exc
         options.check_ports()
         return options
 
     @property
     def serves_llm(self) -> bool:
-        """cosyvoice3 runs its LLM beside Triton, and so does vLLM; cosyvoice2 on TensorRT-LLM
-        has it in a Triton backend."""
-        return self.variant is Variant.COSYVOICE3 or self.vllm
+        """cosyvoice3 runs its LLM beside Triton (trtllm-serve); cosyvoice2 has it in a Triton
+        backend."""
+        return self.variant is Variant.COSYVOICE3
 
     def check_ports(self) -> None:
         triton = {

@@ -355,7 +355,6 @@ def test_the_pod_parses_the_rendered_arguments_as_the_operator_means_them(
         workloads.GRPC_PORT,
         workloads.METRICS_PORT,
     )
-    assert not options.vllm
     model_dirs = set()
     for text in triton.render_repository(svc, str(options.engine_dir)).values():
         config = text_format.Parse(text, mc.ModelConfig())
