@@ -211,7 +211,8 @@ def standin_main() -> None:
 
 
 def _free_base_port() -> int:
-    """A port p with p and p+1 free (two LLM groups)."""
+    """A port p with p, p+1 and p+2 free (two LLM groups; p+2: serve's --health-port, see
+    :meth:`Pod.argv`)."""
     for _ in range(50):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -219,8 +220,9 @@ def _free_base_port() -> int:
         if base > 65000:
             continue
         try:
-            with socket.socket() as other:
+            with socket.socket() as other, socket.socket() as third:
                 other.bind(("127.0.0.1", base + 1))
+                third.bind(("127.0.0.1", base + 2))
             return base
         except OSError:
             continue
@@ -262,6 +264,10 @@ class Pod:
             "llm-base-port": self.llm_base_port,
             "exit-timeout-seconds": 20,
         }
+        groups = overrides.get("llm_groups", "0,1;2,3" if variant == "cosyvoice3" else None)
+        if not groups or groups.count(";") < 2:
+            # Beyond two groups' LLM ports; more groups are refused before any server starts.
+            values["health-port"] = self.llm_base_port + 2
         if variant == "cosyvoice3":
             values["llm-groups"] = "0,1;2,3"
         flags = [k for k, v in overrides.items() if v is True]
