@@ -25,9 +25,14 @@ image. It does four things in order:
 3. **LLM servers** (:mod:`.launch`; cosyvoice3). One ``trtllm-serve`` per GPU group, as
    upstream's ``run_cosyvoice3.sh`` starts it, each on its own port; Triton starts only once
    every one answers ``/health``, so the orchestrator never sees a refused connection.
-4. **Triton** (:mod:`.supervisor`). ``tritonserver`` runs as a child. SIGTERM and SIGINT go to
-   Triton first, which drains in-flight streams for ``--exit-timeout-seconds``; the LLM
-   servers those streams still need are stopped only after Triton has exited.
+4. **Triton** (:mod:`.supervisor`). ``tritonserver`` runs as a child; this command answers
+   the pod's readiness itself (``GET /ready`` on ``--health-port``, :mod:`.health`: Triton
+   ready, every Python stub alive, not draining). SIGTERM is drained here, not in Triton
+   (whose BLS calls fail once it is stopping): not ready, new streams refused, Triton kept
+   serving until the orchestrators' ``cosyvoice_active_streams`` gauge is 0 or
+   ``--drain-seconds`` is up, then stopped. A dead or stopped stub (:mod:`.stubs`) makes the
+   pod not ready and Triton is restarted in place. The LLM servers the streams still need
+   are stopped only after Triton has exited. ``docs/draining-and-stub-health.md``.
 
 :mod:`.options` parses the command line, :mod:`.command` ties the steps together, and
 :mod:`.exit_codes` lists what the command exits with.
