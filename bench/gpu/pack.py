@@ -29,12 +29,12 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from cosyvoice_operator.api import spec as specs
+from cosyvoice_operator.devtools.closedloop import cpu_twin
 from cosyvoice_operator.render import triton
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 STANDINS = HERE / "standins"
-TWIN = ROOT / "operator" / "cosyvoice_operator" / "devtools" / "closedloop" / "standins"
 TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
 ENGINE_DIR = "/engines/sweep"
 
@@ -117,10 +117,12 @@ def repository(params: dict[str, Any], root: Path) -> dict[str, str]:
         if name == "cosyvoice2" and wanted != operator_count:
             config.instance_group[0].count = wanted
         out[name] = text_format.MessageToString(config)
-        code = (TWIN if name == "cosyvoice2" else STANDINS) / name / "model.py"
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(out[name])
-        shutil.copy(code, root / name / "1" / "model.py")
+        if name == "cosyvoice2":
+            cpu_twin.place_standin(name, root / name / "1")
+        else:
+            shutil.copy(STANDINS / name / "model.py", root / name / "1" / "model.py")
     return out
 
 

@@ -17,7 +17,6 @@ readiness answer, a file), bounded; no sleep decides.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -117,7 +116,7 @@ def write_pod_repository(root: Path) -> tuple[Path, Path]:
     for name, text in rendered.items():
         (config / f"{name}.pbtxt").write_text(text)
         (code / "cosyvoice2" / name / "1").mkdir(parents=True)
-        shutil.copy(cpu_twin.STANDINS / name / "model.py", code / "cosyvoice2" / name / "1")
+        cpu_twin.place_standin(name, code / "cosyvoice2" / name / "1")
     return config, code
 
 

@@ -75,8 +75,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cpu_twin.Triton
     for name, text in twin.items():
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(text)
-        model = work / "as-packed" / name / "1" / "model.py"
-        (repo / name / "1" / "model.py").write_bytes(model.read_bytes())
+        for code in (work / "as-packed" / name / "1").glob("*.py"):
+            (repo / name / "1" / code.name).write_bytes(code.read_bytes())
     env = {
         "COSYVOICE_STANDIN_PATH": f"{GPU / 'standins'}:{DEBIAN_SITE}",
         "COSYVOICE_STANDIN_SIZE": "tiny",

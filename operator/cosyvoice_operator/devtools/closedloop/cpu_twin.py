@@ -69,15 +69,25 @@ def to_cpu(repository: Mapping[str, str]) -> dict[str, str]:
     return twin
 
 
+def place_standin(name: str, version_dir: Path) -> None:
+    """Model ``name``'s stand-in as ``version_dir/model.py``, with the modules the stand-ins
+    share (``standins/*.py``) beside it: the Python backend's stub puts the version directory
+    on ``sys.path``."""
+    standin = STANDINS / name / "model.py"
+    if not standin.is_file():
+        raise FileNotFoundError(f"no stand-in for model {name!r}: expected {standin}")
+    shutil.copy(standin, version_dir / "model.py")
+    for shared in STANDINS.glob("*.py"):
+        shutil.copy(shared, version_dir / shared.name)
+
+
 def write_repository(repository: Mapping[str, str], root: Path) -> Path:
-    """``root/<model>/config.pbtxt`` and ``root/<model>/1/model.py`` (the stand-in)."""
+    """``root/<model>/config.pbtxt``, and ``root/<model>/1/`` holding its stand-in
+    (:func:`place_standin`)."""
     for name, text in repository.items():
-        standin = STANDINS / name / "model.py"
-        if not standin.is_file():
-            raise FileNotFoundError(f"no stand-in for model {name!r}: expected {standin}")
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(text)
-        shutil.copy(standin, root / name / "1" / "model.py")
+        place_standin(name, root / name / "1")
     return root
 
 

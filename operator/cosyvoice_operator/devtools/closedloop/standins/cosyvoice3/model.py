@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
+from orchestrator_streams import Draining, Streams, error_response  # type: ignore[import-not-found]
 
 FIRST_HOP_TOKENS = 15
 LOOKAHEAD_TOKENS = 3
@@ -110,58 +111,6 @@ class SharedTurn:
             f.truncate()
             f.write(str(turn + 1).encode())
             return turn
-
-
-DRAINING_ERROR = "this pod is draining (stopping): send the stream to another pod"
-
-
-class Streams:
-    """The ``cosyvoice_active_streams`` gauge (one per instance, labelled ``instance``, as the
-    project's orchestrators export it) and the drain's admission check.
-
-    ``cosyvoice-serve`` keeps Triton running after SIGTERM until the gauge sums to 0 over
-    every instance, and meanwhile creates the file ``COSYVOICE_DRAIN_FILE`` names: a request
-    that starts while it exists is refused. The gauge is raised *before* the file is looked
-    at, so a request either shows in the gauge the supervisor reads after creating the file,
-    or sees the file and is refused.
-    """
-
-    def __init__(self, args: dict[str, str]) -> None:
-        # The family must outlive its metric (the backend refuses a metric whose family is gone).
-        self.family = pb_utils.MetricFamily(
-            name="cosyvoice_active_streams",
-            description="Streams this orchestrator instance is serving now",
-            kind=pb_utils.MetricFamily.GAUGE,
-        )
-        self.gauge = self.family.Metric(labels={"instance": args.get("model_instance_name", "")})
-        self.active = 0
-        self.gauge.set(0)
-        self.drain_file = os.environ.get("COSYVOICE_DRAIN_FILE", "")
-
-    def admit(self) -> None:
-        """Count the request in; raise :class:`Draining` when the pod no longer takes one."""
-        self.active += 1
-        self.gauge.set(self.active)
-        if self.drain_file and os.path.exists(self.drain_file):
-            self.done()
-            raise Draining(DRAINING_ERROR)
-
-    def done(self) -> None:
-        self.active -= 1
-        self.gauge.set(self.active)
-
-
-class Draining(Exception):
-    """A new request while the pod drains."""
-
-
-def error_response(exc: Exception) -> Any:
-    """The client's error; a refusal while draining is UNAVAILABLE (retry elsewhere) where the
-    backend has status codes."""
-    code = getattr(pb_utils.TritonError, "UNAVAILABLE", None)
-    if isinstance(exc, Draining) and code is not None:
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), code))
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
 
 
 class TritonPythonModel:
