@@ -36,8 +36,9 @@ for _path in reversed(os.environ.get("COSYVOICE_MODELS_PATH", "").split(":")):
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]  # noqa: E402
 
-from cosyvoice_serving_models import admission, contract, features  # noqa: E402
+from cosyvoice_serving_models import contract, features  # noqa: E402
 from cosyvoice_serving_models.chunking import LOOKAHEAD_TOKENS, Chunking  # noqa: E402
+from cosyvoice_serving_models.orchestration import OneStreamAtATime  # noqa: E402
 from cosyvoice_serving_models.speakers import SpeakerCache, speaker_key  # noqa: E402
 
 MODEL = "cosyvoice2"
@@ -67,7 +68,7 @@ def speech_tokens(ids: Any) -> list[int]:
     return out
 
 
-class TritonPythonModel:
+class TritonPythonModel(OneStreamAtATime):
     def initialize(self, args: dict[str, str]) -> None:
         from tokenizers import Tokenizer  # type: ignore[import-not-found]
 
@@ -90,16 +91,7 @@ class TritonPythonModel:
         )
         self.speakers: SpeakerCache[tuple[Any, Any, Any]] = SpeakerCache()
         self.host_memory = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
-        # The family must outlive its metric (the backend refuses a metric whose family is gone).
-        self.metric_family = pb_utils.MetricFamily(
-            name="cosyvoice_active_streams",
-            description="Streams this orchestrator instance is serving now (0 or 1)",
-            kind=pb_utils.MetricFamily.GAUGE,
-        )
-        self.active = self.metric_family.Metric(
-            labels={"instance": args.get("model_instance_name", "")}
-        )
-        self.active.set(0)
+        self._start_gauge(args)
 
     # -- BLS -----------------------------------------------------------------------------
     def _request(self, model: str, inputs: dict[str, Any], outputs: list[str], **kw: Any) -> Any:
@@ -225,29 +217,6 @@ class TritonPythonModel:
         return str(text.reshape(-1)[0].decode("utf-8"))
 
     # -- serving -------------------------------------------------------------------------
-    def execute(self, requests: list[Any]) -> list[Any] | None:
-        responses = []
-        for request in requests:
-            self.active.set(1)  # before the drain check: see admission.py
-            try:
-                if admission.draining():
-                    raise pb_utils.TritonModelException(admission.DRAINING_ERROR)
-                if self.decoupled:
-                    self._stream(request)
-                else:
-                    responses.append(self._offline(request))
-            except Exception as exc:
-                error = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
-                if self.decoupled:
-                    request.get_response_sender().send(
-                        error, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-                    )
-                else:
-                    responses.append(error)
-            finally:
-                self.active.set(0)
-        return None if self.decoupled else responses
-
     def _stream(self, request: Any) -> None:
         sender = request.get_response_sender()
         text, speaker = self._speaker(request)

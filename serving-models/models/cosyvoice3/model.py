@@ -35,9 +35,10 @@ for _path in reversed(os.environ.get("COSYVOICE_MODELS_PATH", "").split(":")):
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]  # noqa: E402
 
-from cosyvoice_serving_models import admission, contract, features  # noqa: E402
+from cosyvoice_serving_models import contract, features  # noqa: E402
 from cosyvoice_serving_models.chunking import LOOKAHEAD_TOKENS, Chunking  # noqa: E402
 from cosyvoice_serving_models.llm_groups import LeastLoaded  # noqa: E402
+from cosyvoice_serving_models.orchestration import OneStreamAtATime  # noqa: E402
 from cosyvoice_serving_models.speakers import SpeakerCache, speaker_key  # noqa: E402
 
 MODEL = "cosyvoice3"
@@ -54,7 +55,7 @@ def host(tensor: Any) -> Any:
     return tensor.as_numpy()
 
 
-class TritonPythonModel:
+class TritonPythonModel(OneStreamAtATime):
     def initialize(self, args: dict[str, str]) -> None:
         from tokenizers import Tokenizer  # type: ignore[import-not-found]
 
@@ -78,15 +79,7 @@ class TritonPythonModel:
         )
         self.speakers: SpeakerCache[tuple[Any, Any, Any]] = SpeakerCache()
         self.host_memory = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
-        self.metric_family = pb_utils.MetricFamily(
-            name="cosyvoice_active_streams",
-            description="Streams this orchestrator instance is serving now (0 or 1)",
-            kind=pb_utils.MetricFamily.GAUGE,
-        )
-        self.active = self.metric_family.Metric(
-            labels={"instance": args.get("model_instance_name", "")}
-        )
-        self.active.set(0)
+        self._start_gauge(args)
 
     def _call(self, model: str, inputs: dict[str, Any], output: str) -> Any:
         response = pb_utils.InferenceRequest(
@@ -184,29 +177,6 @@ class TritonPythonModel:
     def _target(self, request: Any) -> str:
         text = host(pb_utils.get_input_tensor_by_name(request, "target_text"))
         return str(text.reshape(-1)[0].decode("utf-8"))
-
-    def execute(self, requests: list[Any]) -> list[Any] | None:
-        responses = []
-        for request in requests:
-            self.active.set(1)  # before the drain check: see admission.py
-            try:
-                if admission.draining():
-                    raise pb_utils.TritonModelException(admission.DRAINING_ERROR)
-                if self.decoupled:
-                    self._stream(request)
-                else:
-                    responses.append(self._offline(request))
-            except Exception as exc:
-                error = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
-                if self.decoupled:
-                    request.get_response_sender().send(
-                        error, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-                    )
-                else:
-                    responses.append(error)
-            finally:
-                self.active.set(0)
-        return None if self.decoupled else responses
 
     def _stream(self, request: Any) -> None:
         sender = request.get_response_sender()
