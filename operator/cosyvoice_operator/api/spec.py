@@ -184,6 +184,9 @@ class SloSpec:
     forecast_std_devs: float = 1.0  # headroom: the forecast plus this many std deviations
     variability: float = 1.0  # (ca² + cs²) / 2: 1 is Poisson arrivals, exponential service
     slots_per_pod: int = 0  # streams a pod serves at once (0: as measured); set, it is used
+    seasonal_period_hours: int = 0  # the seasonal profile's period (24: a day); 0 is off
+    seasonal_bucket_minutes: int = 15  # the profile's resolution
+    seasonal_floor_percent: float = 100.0  # of what the last period needed over a cold start
 
     @property
     def enabled(self) -> bool:
@@ -487,6 +490,9 @@ def _slo(s: Mapping[str, Any]) -> SloSpec:
         forecast_std_devs=number(s, "forecastStdDevs", path, 1.0, 0.0, 10.0),
         variability=number(s, "variability", path, 1.0, 0.05, 10.0),
         slots_per_pod=integer(s, "slotsPerPod", path, 0, 0, 10_000),
+        seasonal_period_hours=integer(s, "seasonalPeriodHours", path, 0, 0, 168),
+        seasonal_bucket_minutes=integer(s, "seasonalBucketMinutes", path, 15, 1, 120),
+        seasonal_floor_percent=number(s, "seasonalFloorPercent", path, 100.0, 0.0, 200.0),
     )
     if slo.enabled and slo.first_chunk_milliseconds >= slo.first_audio_milliseconds:
         raise SpecError(
