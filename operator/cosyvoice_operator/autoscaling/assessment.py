@@ -27,6 +27,7 @@ from cosyvoice_operator.autoscaling.queueing import (
     replicas_for,
     replicas_for_miss,
 )
+from cosyvoice_operator.autoscaling.seasonal import Season, outlook
 
 if TYPE_CHECKING:  # policy holds the vocabulary and imports this module
     from cosyvoice_operator.autoscaling.policy import Fleet, Number, Observation, Recommendation
@@ -83,8 +84,10 @@ def assess(
     fleet: Fleet,
     kept: tuple[Recommendation, ...],
     now: dt.datetime,
+    season: Season = (),
 ) -> Assessment:
-    """Rules 3 and 4: the raw recommendation of one usable sample."""
+    """Rules 3 and 4: the raw recommendation of one usable sample (``season``: the seasonal
+    profile, for SLO sizing)."""
     current, ready = fleet.current, fleet.ready
     remembered = next((r.slots_per_pod for r in reversed(kept) if r.slots_per_pod), None)
     if obs.no_traffic:
@@ -114,7 +117,7 @@ def assess(
         return _latency_only(
             sample.latency, sample.ratio, pending, fleet, seen, remembered, numbers, regimes
         )
-    return _queueing(spec, sample, fleet, kept, now, remembered)
+    return _queueing(spec, sample, fleet, (kept, season), now, remembered)
 
 
 def _read(obs: Observation, target: float, ready: int) -> _Sample:
@@ -206,11 +209,12 @@ def _queueing(
     spec: AutoscalingSpec,
     sample: _Sample,
     fleet: Fleet,
-    kept: tuple[Recommendation, ...],
+    memory: tuple[tuple[Recommendation, ...], Season],
     now: dt.datetime,
     remembered: int | None,
 ) -> Assessment:
     """Rule 4 with a concurrency signal: the M/M/c model, its slots measured or fitted."""
+    kept = memory[0]
     target = spec.target_queue_latency_milliseconds
     pending, completions, in_service = sample.pending, sample.completions, sample.in_service
     numbers = sample.numbers
@@ -258,7 +262,7 @@ def _queueing(
     demand = load / service if service > 0 else 0.0
     if spec.slo.enabled:
         raw, regime, why = slo_sizing(
-            spec, model, fleet, kept, now, demand, sample.latency, numbers
+            spec, model, fleet, memory, now, demand, sample.latency, numbers
         )
         if pressing and (growth is None or growth >= 0) and raw < fleet.ready + 1:
             raw = fleet.ready + 1
@@ -283,7 +287,7 @@ def slo_sizing(
     spec: AutoscalingSpec,
     model: _Model,
     fleet: Fleet,
-    kept: tuple[Recommendation, ...],
+    memory: tuple[tuple[Recommendation, ...], Season],
     now: dt.datetime,
     demand: float,
     latency_ms: float,
@@ -296,10 +300,20 @@ def slo_sizing(
     the M/M/c mean wait at the load each Ready pod carries now is the factor by which this
     fleet waits longer than Poisson arrivals and exponential service would (Allen-Cunneen);
     the larger of it and ``slo.variability`` is used, so the model never finds the fleet
-    better off than it was seen."""
+    better off than it was seen.
+
+    With a seasonal period, the demand sized for is at least the seasonal forecast and floor
+    (`seasonal_demand`). Below the count in force, the recommendation is the fewest replicas
+    whose predicted miss is at most 90 % of the allowed one (HPA's tolerance as a margin):
+    several replicas may go at once, but only with that margin."""
     slo = spec.slo
+    kept, season = memory
     f = forecast(demand, kept, now, slo.cold_start_seconds, spec.evaluation_interval_seconds)
     upper = f.rate + slo.forecast_std_devs * f.spread
+    seasonal = seasonal_demand(spec, season, now, demand, slo.forecast_std_devs * f.spread)
+    if seasonal is not None:
+        numbers.update({k: round(v, 4) for k, v in seasonal.items()})
+        upper = max(upper, seasonal["seasonalForecast"], seasonal["seasonalFloor"])
     budget = (slo.first_audio_milliseconds - slo.first_chunk_milliseconds) / 1000.0
     miss = 1.0 - slo.attainment_percent / 100.0
     slots = slo.slots_per_pod or model.slots
@@ -310,6 +324,12 @@ def slo_sizing(
     numbers["variabilitySeen"] = round(seen_k, 4)
     numbers["variability"] = round(k, 4)
     need = replicas_for_miss(upper * model.service, slots, model.service, budget, miss, k)
+    if need < fleet.current:  # the margin of a scale-down
+        margin = replicas_for_miss(
+            upper * model.service, slots, model.service, budget, (1 - TOLERANCE) * miss, k
+        )
+        numbers["sloReplicasWithMargin"] = margin
+        need = min(fleet.current, margin)
     at_need = miss_probability(
         upper * model.service / max(need, 1), slots, model.service, budget, k
     )
@@ -332,7 +352,43 @@ def slo_sizing(
         f"{60.0 * f.slope:+.2f}/min over the {slo.cold_start_seconds} s cold start, "
         f"+{slo.forecast_std_devs:g} x {f.spread:.2f} spread; variability {k:.2f}"
     )
+    if seasonal is not None and upper > f.rate + slo.forecast_std_devs * f.spread:
+        why += (
+            f"; seasonal: the last {slo.seasonal_period_hours} h saw "
+            f"{seasonal['seasonalAhead']:.2f} requests/s over the next cold start "
+            f"({seasonal['seasonalNow']:.2f} at this time), forecast "
+            f"{seasonal['seasonalForecast']:.2f}, floor {seasonal['seasonalFloor']:.2f}"
+        )
     return need, "SloSizing", why
+
+
+def seasonal_demand(
+    spec: AutoscalingSpec, season: Season, now: dt.datetime, demand: float, headroom: float
+) -> dict[str, float] | None:
+    """The seasonal forecast and floor (requests/s) over the next cold start, or None (no
+    period set, or no complete profile one period back): the forecast is the demand now times
+    the rise the last period had from this time of day over the cold start, plus the
+    short-term forecast's ``headroom``; the floor ``seasonalFloorPercent`` % of the highest
+    bucket the last period saw over it (`seasonal`'s docstring)."""
+    slo = spec.slo
+    if slo.seasonal_period_hours <= 0:
+        return None
+    o = outlook(
+        season,
+        now,
+        slo.cold_start_seconds,
+        3600 * slo.seasonal_period_hours,
+        60 * slo.seasonal_bucket_minutes,
+    )
+    if o is None:
+        return None
+    rise = o.ahead / o.now if o.now > 0 else 1.0
+    return {
+        "seasonalNow": o.now,
+        "seasonalAhead": o.ahead,
+        "seasonalForecast": demand * rise + headroom,
+        "seasonalFloor": slo.seasonal_floor_percent / 100.0 * o.ahead,
+    }
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,17 @@ Rules, in the order they apply (each has rows in tests/unit/autoscaling/test_pol
    more step, for as long as the window's highest recommendation stays below the count.
 8. Memory: `Decision.history` is the history to pass to the next call: the recommendations
    within the longest window plus two evaluation intervals, the newest last.
+9. Seasonal foresight (``slo.seasonalPeriodHours`` > 0, with SLO sizing): the demand of
+   every usable sample (0 with no traffic) is averaged into the profile's buckets
+   (`seasonal`), carried by the newest recommendation (``Recommendation.season``) and kept
+   for one period; a sample without data records nothing and keeps the profile (the
+   recommendation carrying it stays in the history, however old). One period later, rule
+   4b sizes for at least the seasonal forecast and floor (`assessment.seasonal_demand`):
+   today's demand times the rise the last period had from this time of day over the cold
+   start, and ``seasonalFloorPercent`` % of the most it saw then. Below the count in force,
+   4b recommends the fewest replicas whose predicted miss is at most 90 % of the allowed
+   one, and rule 7 removes them in one step per window (``scaleDown.maxStepReplicas``
+   permitting).
 
 ``mode`` (Active / DryRun) changes nothing here; it is reported in ``inputs``.
 """
@@ -132,6 +143,7 @@ from cosyvoice_operator.autoscaling.assessment import (
     nonnegative,
 )
 from cosyvoice_operator.autoscaling.schedules import require_aware, schedule_floor
+from cosyvoice_operator.autoscaling.seasonal import Season, record
 
 # Condition reason of MetricsAvailable=True.
 METRICS_FRESH = "MetricsFresh"
@@ -173,6 +185,7 @@ class Recommendation:
     pending_requests: float | None = None  # to estimate how fast the waiting line grows
     arrivals: float | None = None  # the demand seen (requests/s), for the SLO forecast
     in_force: int | None = None  # the replica count in force then (the SLO's cooldown)
+    season: Season | None = None  # the seasonal profile (rule 9), on the newest one only
 
 
 @dataclass(frozen=True)
@@ -213,19 +226,39 @@ def decide(
     )
     current = fleet.current
     inputs = _inputs(spec, fleet, bounds)
+    carrier = next((r for r in reversed(history) if r.season is not None), None)
+    season = carrier.season if carrier is not None and carrier.season is not None else ()
     problem = _unusable(obs)
     if problem is not None:
+        if carrier is not None and all(r is not carrier for r in kept):  # rule 9: kept
+            kept = (carrier, *kept)
         return _hold_without_data(problem, current, bounds, inputs, kept)
 
-    a = assess(spec, obs, fleet, kept, now)
+    a = assess(spec, obs, fleet, kept, now, season)
     inputs.update(a.numbers)
     inputs["regime"] = a.regime
     inputs["rawRecommendation"] = a.raw
     slo = spec.slo.enabled  # only SLO sizing keeps the demand and the count in force
+    seasonal = slo and spec.slo.seasonal_period_hours > 0
+    demand = 0.0 if a.regime == "NoTraffic" else a.arrivals
+    if seasonal and demand is not None:
+        season = record(
+            season,
+            now,
+            demand,
+            3600 * spec.slo.seasonal_period_hours,
+            60 * spec.slo.seasonal_bucket_minutes,
+        )
     latest = (
         *kept,
         Recommendation(
-            now, a.raw, a.slots, a.pending, a.arrivals if slo else None, current if slo else None
+            now,
+            a.raw,
+            a.slots,
+            a.pending,
+            a.arrivals if slo else None,
+            current if slo else None,
+            season if seasonal else None,
         ),
     )
     desired, notes = _stabilized(spec, fleet, a.raw, latest, now, inputs)

@@ -134,7 +134,9 @@ def test_scale_down_one_step_per_window() -> None:
         fleet = Fleet(d.replicas, d.replicas, 0)
         counts.append(d.replicas)
     changes = [b for a, b in itertools.pairwise(counts) if a != b]
-    assert changes == [replicas_for_miss(60.0, 4, 3.0, 0.393, 0.01)]  # one event, all at once
+    # one event, all at once, down to what keeps the miss within 90 % of the allowed 1 %
+    assert changes == [replicas_for_miss(60.0, 4, 3.0, 0.393, 0.009)]
+    assert changes[0] < 100 - 1  # several replicas in one step
 
 
 def test_configured_slots_replace_the_measured_ones() -> None:
