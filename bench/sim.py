@@ -4,6 +4,14 @@ Prometheus outage; 3 seeds; every sweep), written to bench/results/sim.{json,txt
 
     .venv/bin/python bench/sim.py                      # ~70 CPU-minutes: use many cores
     .venv/bin/python bench/sim.py --small --seeds 1    # the CI size, seconds
+    .venv/bin/python bench/sim.py --reuse bench/results/sim.json   # baselines' runs kept
+    .venv/bin/python bench/sim.py --sensitivity        # issue 22 item 7, to sim-sensitivity.*
+
+``--reuse`` takes the runs of the baselines whose code did not change (HPA on queue time and
+on concurrency, KEDA, KPA, static: ``REUSABLE``) from an earlier ``sim.json`` instead of
+simulating them again (they are deterministic per seed: a second run reproduces them); every
+other run, ours and the new baselines included, is simulated. Only valid with the default
+settings: a changed plant, trace or policy needs a run without it.
 
 Only the standard library and the package are needed to run it (``PYTHONPATH=operator
 python3 bench/sim.py --pickle`` on a bigger machine, then ``--from-pickle`` here to write
@@ -25,6 +33,17 @@ from cosyvoice_operator.devtools.sim import report
 from cosyvoice_operator.devtools.sim.command import default_trace
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REUSABLE = ("hpa", "hpa-concurrency", "keda", "kpa", "static")
+# Issue 22, item 7: each variation of the default settings, trained and evaluated on the
+# conversation trace's halves (the full sweep, as the default experiment).
+VARIATIONS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("cold start 60 s", {"cold_start_s": 60.0}),
+    ("cold start 180 s (default)", {}),
+    ("cold start 600 s", {"cold_start_s": 600.0}),
+    ("scrape 60 s", {"scrape_interval_s": 60.0}),
+    ("load x1", {"multiplier": 1.0}),
+    ("load x20", {"multiplier": 20.0}),
+)
 
 
 def write(result: ex.Result, out: Path, elapsed: float | None) -> None:
@@ -55,7 +74,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--pickle", action="store_true", help="also write sim.pkl (the Result)")
     parser.add_argument("--from-pickle", type=Path, help="write the files from a saved Result")
+    parser.add_argument("--reuse", type=Path, help="an earlier sim.json: baselines' runs kept")
+    parser.add_argument("--sensitivity", action="store_true", help="issue 22 item 7 instead")
     args = parser.parse_args()
+    if args.sensitivity:
+        return sensitivity(args)
     if args.from_pickle:
         saved = pickle.loads(args.from_pickle.read_bytes())
         write(saved["result"], args.out, saved["elapsed"])
@@ -63,13 +86,40 @@ def main() -> int:
     exp = ex.default_experiment(args.trace, args.multiplier, args.seeds, args.small)
     exp = replace(exp, jobs=args.jobs)
     started = time.monotonic()
-    result = ex.run_experiment(exp, timelines=True)
+    reuse = ex.reusable(json.loads(args.reuse.read_text()), REUSABLE) if args.reuse else None
+    result = ex.run_experiment(exp, timelines=True, reuse=reuse)
     elapsed = time.monotonic() - started
     if args.pickle:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "sim.pkl").write_bytes(pickle.dumps({"result": result, "elapsed": elapsed}))
     write(result, args.out, elapsed)
     print(f"{len(result.runs)} runs in {elapsed:.0f} s", file=sys.stderr)
+    return 0
+
+
+def sensitivity(args: argparse.Namespace) -> int:
+    """Each variation: train and select on the conversation trace's first half, evaluate on
+    its second; the verdicts and our points to sim-sensitivity.{json,md}."""
+    started = time.monotonic()
+    documents: dict[str, object] = {}
+    lines: list[str] = []
+    for label, change in VARIATIONS:
+        multiplier = change.get("multiplier", args.multiplier)
+        exp = ex.default_experiment(args.trace, multiplier, args.seeds, args.small)
+        config = exp.config
+        if "cold_start_s" in change:
+            config = replace(config, cold_start_s=change["cold_start_s"])
+        if "scrape_interval_s" in change:
+            prom = replace(config.prometheus, scrape_interval_s=change["scrape_interval_s"])
+            config = replace(config, prometheus=prom)
+        exp = replace(exp, evals=exp.evals[:1], config=config, jobs=args.jobs)
+        result = ex.run_experiment(exp)
+        documents[label] = report.to_json(result)["summary"]
+        lines += [f"### {label}", "", report.markdown(result), ""]
+        print(f"{label}: {time.monotonic() - started:.0f} s", file=sys.stderr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sim-sensitivity.json").write_text(json.dumps(documents, indent=1))
+    (args.out / "sim-sensitivity.md").write_text("\n".join(lines))
     return 0
 
 

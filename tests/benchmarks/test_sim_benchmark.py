@@ -22,6 +22,7 @@ def test_the_default_benchmark_at_ci_size(capsys: pytest.CaptureFixture[str]) ->
         "azure_llm_2023_conv.csv#eval",
         "diurnal-day",
         "prometheus-outage-10min",
+        "diurnal-day-deep",
     ]
     assert summary["defaults"]["cold_start_s"] == 180.0
     assert summary["defaults"]["slo_first_audio_s"] == 1.5

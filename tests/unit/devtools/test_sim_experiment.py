@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gzip
 import io
 import json
@@ -14,7 +15,7 @@ import pytest
 
 from cosyvoice_operator.cli.main import main
 from cosyvoice_operator.devtools.sim import command as sim_command
-from cosyvoice_operator.devtools.sim import trace
+from cosyvoice_operator.devtools.sim import experiment, trace
 from cosyvoice_operator.devtools.sim.experiment import Summary, select
 
 
@@ -95,6 +96,21 @@ def test_diurnal_day_has_the_envelope_and_keeps_the_bursts(tmp_path: Path) -> No
     assert trace.diurnal_day(source, seed=2, peak_factor=2.0) == day  # seeded
 
 
+def test_the_deep_trough_day_and_the_week(tmp_path: Path) -> None:
+    assert trace.diurnal_envelope(4.0, trough=0.05) == pytest.approx(0.05)
+    assert trace.diurnal_envelope(15.0, trough=0.05) > 0.9
+    source = trace.load_csv(write_trace(tmp_path / "t.csv", 30, 2.0))
+    deep = trace.diurnal_day(source, seed=2, peak_factor=2.0, trough=0.05)
+    hourly = [sum(deep.per_minute()[60 * h : 60 * h + 60]) for h in range(24)]
+    assert min(hourly) < 0.12 * max(hourly)  # the 0.2 day's trough is about 0.2
+    week = trace.diurnal_day(source, seed=2, peak_factor=2.0, days=7, weekend=0.5)
+    assert week.duration_s == 7 * 86_400.0
+    daily = [sum(week.per_minute()[1440 * d : 1440 * d + 1440]) for d in range(7)]
+    weekday, weekend = sum(daily[:5]) / 5, sum(daily[5:]) / 2
+    assert weekend / weekday == pytest.approx(0.5, rel=0.1)
+    assert trace.diurnal_day(source, seed=2, peak_factor=2.0, days=7, weekend=0.5) == week
+
+
 # ---- selection ------------------------------------------------------------------------------
 
 
@@ -172,6 +188,8 @@ def test_json_has_every_run_of_every_sweep_in_the_issue_schema(small_run: dict[s
         "hpa",
         "hpa-concurrency",
         "keda",
+        "keda-fallback",
+        "llmd",
         "kpa",
         "static",
     }
@@ -188,6 +206,8 @@ def test_json_has_every_run_of_every_sweep_in_the_issue_schema(small_run: dict[s
         "hpa",
         "hpa-concurrency",
         "keda",
+        "keda-fallback",
+        "llmd",
         "kpa",
         "static",
     }
@@ -211,6 +231,34 @@ def test_the_training_choice_is_the_cheapest_at_99_percent(small_run: dict[str, 
             assert chosen["gpu_hours"] == pytest.approx(min(r["gpu_hours"] for r in reaching))
         else:
             assert chosen["slo_attainment"] == max(r["slo_attainment"] for r in candidates)
+
+
+def test_reused_runs_are_not_simulated_again(
+    small_run: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reuse = experiment.reusable(small_run, ("hpa", "kpa"))
+    assert reuse and {key[2] for key in reuse} == {"hpa", "kpa"}
+    first = next(r for r in small_run["runs"] if r["policy"] == "hpa")
+    kept = reuse[experiment.run_key(first["trace"], first["seed"], "hpa", first["params"])]
+    assert (kept.gpu_hours, kept.scale_events) == (first["gpu_hours"], first["scale_events"])
+    ran: list[str] = []
+    real = experiment._run
+
+    def counting(task: experiment.Task) -> experiment.Run:
+        ran.append(task.policy)
+        return real(task)
+
+    monkeypatch.setattr(experiment, "_run", counting)
+    train = write_trace(tmp_path / "train.csv", 25, 1.5, seed=1)
+    evaluation = write_trace(tmp_path / "eval.csv", 25, 2.5, seed=2)
+    exp = experiment.files_experiment(
+        str(train), [str(evaluation)], 1.0, 1, "GeneratedTokens", 25.0, ((600.0, 300.0),)
+    )
+    exp = dataclasses.replace(exp, sweep=experiment.SMALL_SWEEP, jobs=1)
+    result = experiment.run_experiment(exp, reuse=reuse)
+    assert "hpa" not in ran and "kpa" not in ran and "keda" in ran
+    hpa = [r for r in result.runs if r.policy == "hpa"]
+    assert hpa and all(r.outcome.timeline == () for r in hpa)
 
 
 def test_the_outage_shows_as_missing_data_scale_downs_for_keda_only(

@@ -23,6 +23,8 @@ AUTOSCALERS: dict[str, policies.Params] = {
     "hpa-concurrency": {"target": 2.5, "min_replicas": 1, "down_window_s": 300},
     "keda": {"target": 2.5, "min_replicas": 1, "down_window_s": 300},
     "kpa": {"target": 2.5, "min_replicas": 1, "down_window_s": 0},
+    "keda-fallback": {"target": 2.5, "min_replicas": 1, "down_window_s": 300, "fallback": 6},
+    "llmd": {"target": 0.75, "min_replicas": 1, "down_window_s": 300},
 }
 
 
@@ -102,6 +104,20 @@ def test_a_prometheus_outage_scales_keda_down_and_nothing_else() -> None:
         during = [m.replicas for m in results[p].timeline[6:19]]
         assert len(set(during)) == 1, (p, during)  # held through the outage
         assert results[p].slo_attainment > 0.98, p
+
+
+def test_keda_with_fallback_holds_then_sizes_to_its_fallback_and_llmd_reads_zero() -> None:
+    steady = poisson([(1800.0, 2.5)])
+    outage = trace.with_outage(steady, 300.0, 900.0)
+    fallback = simulate(
+        outage, policies.make("keda-fallback", AUTOSCALERS["keda-fallback"]), CONFIG
+    )
+    during = [m.replicas for m in fallback.timeline[7:19]]
+    assert set(during) == {6}  # 3 failed polls (90 s), then fallback.replicas
+    assert fallback.slo_attainment > 0.95
+    llmd = simulate(outage, policies.make("llmd", AUTOSCALERS["llmd"]), CONFIG)
+    assert llmd.missing_data_scale_downs >= 1  # the empty result read as 0 (KEDA's default)
+    assert min(m.replicas for m in llmd.timeline) == 1
 
 
 def test_cold_start_delays_capacity_and_counts_gpu_time() -> None:

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from cosyvoice_operator.devtools.sim import policies
 from cosyvoice_operator.devtools.sim import trace as tr
@@ -76,6 +77,19 @@ class Sweep:
 
     ours_targets: tuple[float, ...] = (10.0, 25.0, 50.0)
     ours_variability: tuple[float, ...] = (0.15, 0.2, 0.3)
+    # Issue 22's seasonal foresight (off, or a 24-hour profile with its floor at 100 % of
+    # what the last day needed): it cannot act on a 29-minute training trace (no history),
+    # so it is fixed in advance, the issue's own rule, and reported per point.
+    ours_seasonal: tuple[tuple[int, float], ...] = ((0, 100.0), (24, 100.0))
+    # The new baselines' grids (issue 22, item 6), smaller than the others' (each of their
+    # points runs on the 24-hour day): KEDA with fallback (F = the fallback replicas, in
+    # multiples of the training trace's mean load: 2.2 is the static fleet of 51 that holds
+    # 99 % there, what an SRE would fall back to), llm-d's saturation thresholds.
+    fallback_targets: tuple[float, ...] = (1.5, 2.0, 2.5)
+    fallback_replicas: float = 2.2
+    llmd_targets: tuple[float, ...] = (0.6, 0.75, 0.9)
+    new_floors: tuple[float, ...] = (0.0, 1.0)
+    new_down_windows_s: tuple[float, ...] = (300.0,)
     hpa_targets: tuple[float, ...] = (50.0, 200.0, 500.0, 1000.0, 2000.0)
     concurrency_targets: tuple[float, ...] = (1.5, 2.0, 2.5, 3.0, 3.5)
     floors: tuple[float, ...] = (0.0, 0.5, 0.8, 1.0)
@@ -93,6 +107,10 @@ SMALL_SWEEP = Sweep(
     down_windows_s=(300.0,),
     kpa_delays_s=(0.0,),
     static_counts=(1.0, 1.4, 1.8),
+    ours_seasonal=((0, 100.0), (24, 100.0)),
+    fallback_targets=(2.0,),
+    llmd_targets=(0.75,),
+    new_floors=(0.0,),
 )
 
 
@@ -108,7 +126,11 @@ class TraceRecipe:
     multiplier: float = 1.0
     shape: str = "flat"  # "flat" | "day" | "burst" | "step" | "ramp"
     outages: tuple[tuple[float, float], ...] = ()
-    day_hours: float = 24.0
+    day_hours: float = 24.0  # hours of the day (or days) kept
+    trough: float = 0.2  # the day's trough, relative to its peak
+    days: int = 1  # a week: 7 (the first a Monday)
+    weekend: float = 1.0  # Saturdays' and Sundays' load relative to a weekday
+    sweep: bool = True  # every sweep point runs here (for the oracle); False: the chosen only
 
     def build(self, seed: int) -> tr.Trace:
         return _build(self, seed)
@@ -126,8 +148,16 @@ def _build(recipe: TraceRecipe, seed: int) -> tr.Trace:
         train, evaluation = tr.split(base)
         base = train if recipe.part == "train" else evaluation
     if recipe.shape == "day":
-        day = tr.diurnal_day(base, seed, peak_factor=recipe.multiplier, name=recipe.name)
-        if recipe.day_hours < 24.0:
+        day = tr.diurnal_day(
+            base,
+            seed,
+            peak_factor=recipe.multiplier,
+            name=recipe.name,
+            trough=recipe.trough,
+            days=recipe.days,
+            weekend=recipe.weekend,
+        )
+        if recipe.day_hours < 24.0 * recipe.days:
             cut = recipe.day_hours * 3600.0
             keep = sum(1 for t in day.arrivals if t < cut)
             day = tr.Trace(day.name, day.arrivals[:keep], day.audio[:keep], cut)
@@ -172,8 +202,15 @@ def default_experiment(
         ev(name="ramp-0.5x-2x", shape="ramp"),
         ev(name="prometheus-outage-10min", outages=((600.0, 600.0),)),
     ]
+    # Issue 22: a deep-trough day and a week (weekends at half a weekday's load), run with
+    # the configurations chosen on training only (no oracle sweep: a week is 7 days of runs).
+    hours = 3.0 if small else 24.0
+    evals += [
+        ev(name="diurnal-day-deep", shape="day", trough=0.05, day_hours=hours, sweep=False),
+        ev(name="diurnal-week", shape="day", days=7, weekend=0.5, day_hours=7 * 24.0, sweep=False),
+    ]
     if small:
-        evals = [evals[0], evals[1], evals[5]]
+        evals = [evals[0], evals[1], evals[5], evals[6]]
     return Experiment(
         train=TraceRecipe(name=f"{name}#train", path=path, part="train", multiplier=multiplier),
         evals=tuple(evals),
@@ -288,7 +325,11 @@ def sweep_points(
         ("cosyvoice", {"target_ms": target, **(ours if ours is not None else OURS)})
         for target in sweep.ours_targets
     ]
-    points += [("cosyvoice", {**OURS_SLO, "variability": k}) for k in sweep.ours_variability]
+    points += [
+        ("cosyvoice", {**OURS_SLO, "variability": k, **_seasonal(period, floor_pct)})
+        for period, floor_pct in sweep.ours_seasonal
+        for k in sweep.ours_variability
+    ]
     for target, low, window in itertools.product(sweep.hpa_targets, floors, sweep.down_windows_s):
         points.append(("hpa", {"target": target, "min_replicas": low, "down_window_s": window}))
     for policy in ("hpa-concurrency", "keda"):
@@ -298,6 +339,17 @@ def sweep_points(
             points.append(
                 (policy, {"target": target, "min_replicas": low, "down_window_s": window})
             )
+    new_floors = sorted({floor(f) for f in sweep.new_floors})
+    fallback = floor(sweep.fallback_replicas)
+    for target, low, window in itertools.product(
+        sweep.fallback_targets, new_floors, sweep.new_down_windows_s
+    ):
+        params: Params = {"target": target, "min_replicas": low, "down_window_s": window}
+        points.append(("keda-fallback", {**params, "fallback": fallback}))
+    for target, low, window in itertools.product(
+        sweep.llmd_targets, new_floors, sweep.new_down_windows_s
+    ):
+        points.append(("llmd", {"target": target, "min_replicas": low, "down_window_s": window}))
     for target, low, delay in itertools.product(
         sweep.concurrency_targets, floors, sweep.kpa_delays_s
     ):
@@ -305,6 +357,11 @@ def sweep_points(
     for count in sorted({max(1, round(f * load_pods)) for f in sweep.static_counts}):
         points.append(("static", {"replicas": count}))
     return points
+
+
+def _seasonal(period: int, floor_pct: float) -> Params:
+    """Our seasonal parameters (none when off, so that the points keep their old keys)."""
+    return {"seasonal_h": period, "floor_pct": floor_pct} if period else {}
 
 
 @dataclass(frozen=True)
@@ -382,14 +439,51 @@ class Result:
     timelines: dict[tuple[str, str], tuple[Minute, ...]] = field(default_factory=dict)
 
 
-def run_experiment(exp: Experiment, timelines: bool = False) -> Result:
+Reuse = dict[tuple[str, int, str, str], Outcome]  # (trace, seed, policy, params key)
+
+
+def run_key(trace: str, seed: int, policy: str, params: Params) -> tuple[str, int, str, str]:
+    return (trace, seed, policy, _key(params))
+
+
+def reusable(document: dict[str, Any], policies_kept: Sequence[str]) -> Reuse:
+    """The outcomes of ``policies_kept`` in a ``--json`` document (`report.to_json`), for
+    `run_experiment`'s ``reuse``: only valid while those policies, the plant and the traces
+    are the code that made them (the timelines are not in the document)."""
+    out: Reuse = {}
+    for r in document["runs"]:
+        if r["policy"] not in policies_kept:
+            continue
+        outcome = Outcome(
+            requests=r["requests"],
+            slo_attainment=r["slo_attainment"],
+            gpu_hours=r["gpu_hours"],
+            scale_events=r["scale_events"],
+            reversals=r["reversals"],
+            missing_data_scale_downs=r["missing_data_scale_downs"],
+            p50_first_audio_s=r["p50_first_audio_s"],
+            p95_first_audio_s=r["p95_first_audio_s"],
+            p99_first_audio_s=r["p99_first_audio_s"],
+            minutes_in_violation=r["minutes_in_violation"],
+            max_replicas=r["max_replicas"],
+            timeline=(),
+        )
+        out[run_key(r["trace"], r["seed"], r["policy"], r["params"])] = outcome
+    return out
+
+
+def run_experiment(exp: Experiment, timelines: bool = False, reuse: Reuse | None = None) -> Result:
     """Train, select, evaluate; with ``timelines``, seed 0 of the chosen configurations is run
-    again on each evaluation trace for the plot."""
+    again on each evaluation trace for the plot. Traces with ``sweep`` run every point (the
+    oracle is chosen there); the others run, after the selection on training, the chosen
+    configurations and every point of ours. ``reuse`` holds outcomes already simulated with
+    the same code and configuration (`run_key`): those tasks are not run again."""
     config = exp.config
     train0 = exp.train.build(exp.seeds[0])
     load = mean_load_pods(train0, config)
     points = sweep_points(exp.sweep, load, dict(exp.ours))
     initial: dict[str, int] = {}
+    known = reuse or {}
 
     def tasks_for(recipe: TraceRecipe, configs: Sequence[tuple[str, Params]]) -> list[Task]:
         built = recipe.build(exp.seeds[0])
@@ -401,26 +495,43 @@ def run_experiment(exp: Experiment, timelines: bool = False) -> Result:
             for seed in exp.seeds
         ]
 
+    def execute(tasks: list[Task]) -> list[Run]:
+        def reused(t: Task) -> Outcome | None:
+            return known.get(run_key(t.recipe.name, t.seed, t.policy, dict(t.params)))
+
+        fresh = [t for t in tasks if reused(t) is None]
+        done = iter(_execute(fresh, exp.jobs))
+        return [
+            Run(t.recipe.name, t.seed, t.policy, dict(t.params), o)
+            if (o := reused(t)) is not None
+            else next(done)
+            for t in tasks
+        ]
+
     tasks = tasks_for(exp.train, points)
-    for recipe in exp.evals:
+    for recipe in (r for r in exp.evals if r.sweep):
         tasks += tasks_for(recipe, points)
-    runs = _execute(tasks, exp.jobs)
+    runs = execute(tasks)
+    chosen = _choose(summarize(runs), exp.train.name)
+    later = [(p, s.params) for p, s in chosen.items() if p != "cosyvoice"]
+    later += [(p, params) for p, params in points if p == "cosyvoice"]
+    tasks = []
+    for recipe in (r for r in exp.evals if not r.sweep):
+        tasks += tasks_for(recipe, later)
+    runs += execute(tasks)
     summaries = summarize(runs)
-    result = Result(exp, load, initial, runs, summaries)
+    result = Result(exp, load, initial, runs, summaries, chosen=chosen)
     by_trace_policy: dict[tuple[str, str], list[Summary]] = {}
     for s in summaries:
         by_trace_policy.setdefault((s.trace, s.policy), []).append(s)
     for policy in policies.POLICIES:
-        chosen = select(by_trace_policy.get((exp.train.name, policy), []))
-        if chosen is not None:
-            result.chosen[policy] = chosen
         for recipe in exp.evals:
             oracle = select(by_trace_policy.get((recipe.name, policy), []))
-            if oracle is not None:
+            if oracle is not None and recipe.sweep:
                 result.oracle[(recipe.name, policy)] = oracle
     if timelines:
         extra = []
-        for recipe in exp.evals:
+        for recipe in (r for r in exp.evals if r.sweep):  # a week's plot: not drawn
             cfg = replace(config, initial_replicas=initial[recipe.name])
             for policy, params in ((p, s.params) for p, s in result.chosen.items()):
                 extra.append(
@@ -429,3 +540,13 @@ def run_experiment(exp: Experiment, timelines: bool = False) -> Result:
         for run in _execute(extra, exp.jobs):
             result.timelines[(run.trace, run.policy)] = run.outcome.timeline
     return result
+
+
+def _choose(summaries: Sequence[Summary], train: str) -> dict[str, Summary]:
+    """Per policy, the configuration `select` picks on the training trace."""
+    chosen: dict[str, Summary] = {}
+    for policy in policies.POLICIES:
+        pick = select(s for s in summaries if s.trace == train and s.policy == policy)
+        if pick is not None:
+            chosen[policy] = pick
+    return chosen

@@ -112,6 +112,20 @@ def external_average_replicas(
     return math.ceil(value / target)
 
 
+def external_value_replicas(
+    current: int, ready: int, value: float, target: float, tolerance: float = TOLERANCE
+) -> int:
+    """The replica count an ``External`` metric with a ``Value`` target asks for
+    (replica_calculator.go's GetExternalMetricReplicas: the usage ratio times the Ready pods,
+    held within the tolerance; from 0 replicas, the ratio itself)."""
+    ratio = value / target
+    if current == 0:
+        return math.ceil(ratio)
+    if _within(ratio, tolerance):
+        return current
+    return math.ceil(ratio * ready)
+
+
 def stabilize(
     current: int,
     raw: int,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -186,6 +187,9 @@ class Plant:
         self.next_change = 0.0
         self.retired: list[Pod] = []
         self.accounting_from = 0.0
+        # (arrival, first audio latency) of recent requests, kept only when a policy reads
+        # them (the llm-d rule's latency histogram): None until one asks.
+        self.first_audio_log: deque[tuple[float, float]] | None = None
         for _ in range(initial_ready):
             self._create(0.0, ready_at=0.0)
 
@@ -275,6 +279,8 @@ class Plant:
         start = arrival if arrival >= earliest else earliest
         if start - arrival > self.give_up_s:
             heapq.heappush(pod.waiting, arrival + self.give_up_s)  # waits, then leaves
+            if self.first_audio_log is not None:
+                self.first_audio_log.append((arrival, self.give_up_s))
             return self.give_up_s
         busy = 1
         for f in free:
@@ -287,6 +293,8 @@ class Plant:
         if first > service:
             first = service
         queue = start - arrival
+        if self.first_audio_log is not None:
+            self.first_audio_log.append((arrival, queue + first))
         heapq.heappush(pod.ends, (end, queue, end - arrival))
         if start > arrival:
             heapq.heappush(pod.waiting, start)

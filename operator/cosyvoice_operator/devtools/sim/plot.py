@@ -14,6 +14,8 @@ COLORS = {
     "hpa": "#1f77b4",
     "hpa-concurrency": "#17becf",
     "keda": "#9467bd",
+    "keda-fallback": "#e377c2",
+    "llmd": "#2ca02c",
     "kpa": "#ff7f0e",
     "static": "#7f7f7f",
 }
@@ -33,7 +35,7 @@ def draw(result: Result, path: str | Path) -> None:
         raise PlotError(
             "matplotlib is not installed: pip install 'cosyvoice-operator[plot]'"
         ) from None
-    traces = [r.name for r in result.experiment.evals]
+    traces = [r.name for r in result.experiment.evals if r.sweep]  # a week is not drawn
     slo = result.experiment.config.slo_s
     fig, axes = plt.subplots(3, len(traces), figsize=(4.2 * len(traces), 8.5), squeeze=False)
     for col, trace in enumerate(traces):

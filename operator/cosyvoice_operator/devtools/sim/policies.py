@@ -14,6 +14,16 @@
   ``rate(nv_inference_request_duration_us) / 1e6`` polled every 30 s, an ``AverageValue``
   threshold per pod, an empty result read as 0 (``ignoreNullValues`` true), consumed by
   the HPA KEDA makes (External metric, 15 s sync, HPA's behaviour).
+- ``keda-fallback``: the same KEDA ScaledObject as its users are told to deploy it against
+  empty results: ``ignoreNullValues: false`` (an empty result is an error) and
+  ``fallback: {failureThreshold: 3, replicas: F}``: after 3 failed polls in a row the HPA is
+  fed ``F x threshold``, i.e. sized to ``F`` replicas, until a poll succeeds.
+- ``llmd``: llm-d's SLO-aware KEDA rule (llm-d/llm-d PR #2011, llm-d-autoscaling PR #1376):
+  a recording rule every 15 s of the P90 first audio over the last minute divided by the
+  SLO, each sample clamped at ``CLAMP`` before a 45 s ``avg_over_time``, no traffic read as
+  0 (``or vector(0)``), consumed as an ``External`` metric with a ``Value`` target (the
+  threshold, swept), HPA behaviour. The P90 is exact here (every request's first audio), as
+  from a histogram with fine buckets; an empty result (an outage) is 0, KEDA's default.
 - ``kpa``: a Knative KPA style decider (`kpa`) on the concurrency of the pods, which
   Knative samples from the pods itself (not through Prometheus) every second.
 - ``static``: a fixed count.
@@ -25,6 +35,8 @@ was missing (for counting scale-downs caused by missing data).
 from __future__ import annotations
 
 import datetime as dt
+import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -90,6 +102,9 @@ class Ours(_Base):
                 forecast_std_devs=float(p.get("z", 1.0)),
                 variability=float(p.get("variability", 1.0)),
                 slots_per_pod=int(p.get("slots", 0)),
+                seasonal_period_hours=int(p.get("seasonal_h", 0)),
+                seasonal_bucket_minutes=int(p.get("bucket_min", 15)),
+                seasonal_floor_percent=float(p.get("floor_pct", 100.0)),
             ),
         )
         self.history: tuple[scaling.Recommendation, ...] = ()
@@ -209,6 +224,78 @@ class Keda(_Base):
 
 
 @dataclass
+class KedaFallback(Keda):
+    """``params``: as `Keda`, and ``fallback`` (replicas while the query keeps failing)."""
+
+    policy: str = "keda-fallback"
+    failures: int = 0
+    failure_threshold: int = 3
+
+    def evaluate(self, now: float, plant: Plant, prom: Prometheus) -> Verdict:
+        if now - self.polled >= self.polling_s:
+            self.polled = now
+            recent = [p for p in plant.retired if (p.deleted or 0.0) > now - 120.0]
+            views = [prom.view(now, p.name) for p in [*plant.pods, *recent]]
+            found = [v for v in views if v is not None]
+            self.empty = not found
+            self.failures = self.failures + 1 if self.empty else 0
+            self.value = sum(v.in_system for v in found)
+        current = len(plant.live())
+        target = float(self.params["target"])
+        if self.failures >= self.failure_threshold:
+            raw = hpa_model.external_average_replicas(
+                current, float(self.params["fallback"]) * target, target
+            )
+        elif self.empty:
+            return Verdict(current, missing=True)  # an error: the HPA does not scale
+        else:
+            raw = hpa_model.external_average_replicas(current, self.value, target)
+        return Verdict(self.hpa.sync(now, current, raw), missing=self.empty)
+
+
+# llm-d's rule clamps each latency/SLO sample before smoothing; its value is not in what we
+# found (PR #2011 names a clamp C without its value here): 2, i.e. twice the SLO.
+CLAMP = 2.0
+
+
+@dataclass
+class Llmd(_Base):
+    """``params``: target (the saturation threshold, P90 first audio / SLO), min_replicas,
+    down_window_s; ``slo_s``: the SLO."""
+
+    policy: str = "llmd"
+    samples: list[float] = field(default_factory=list)
+    recorded: float = field(default=-1e18)
+
+    def __post_init__(self) -> None:
+        self.hpa = _hpa(self.params)
+
+    def _p90(self, now: float, plant: Plant) -> float | None:
+        log = plant.first_audio_log
+        if log is None:
+            plant.first_audio_log = deque()
+            return None
+        while log and log[0][0] < now - 120.0:
+            log.popleft()
+        seen = sorted(lat for t, lat in log if now - 60.0 < t + lat <= now)
+        if not seen:
+            return None
+        return seen[min(len(seen) - 1, math.ceil(0.9 * len(seen)) - 1)]
+
+    def evaluate(self, now: float, plant: Plant, prom: Prometheus) -> Verdict:
+        slo = float(self.params.get("slo_s", 1.5))
+        outage = prom.in_outage(now)
+        if now - self.recorded >= 15.0:
+            self.recorded = now
+            p90 = None if outage else self._p90(now, plant)
+            self.samples = [*self.samples[-2:], min(CLAMP, (p90 or 0.0) / slo)]
+        value = 0.0 if outage else sum(self.samples) / len(self.samples)
+        current, ready, _ = plant.counts(now)
+        raw = hpa_model.external_value_replicas(current, ready, value, float(self.params["target"]))
+        return Verdict(self.hpa.sync(now, current, raw), missing=outage)
+
+
+@dataclass
 class Kpa(_Base):
     """``params``: target (concurrency per pod), min_replicas, down_window_s (the
     scale-down delay)."""
@@ -256,6 +343,10 @@ def make(policy: str, params: Params) -> Controller:
         return Hpa(dict(params), metric="concurrency")
     if policy == "keda":
         return Keda(dict(params))
+    if policy == "keda-fallback":
+        return KedaFallback(dict(params))
+    if policy == "llmd":
+        return Llmd(dict(params))
     if policy == "kpa":
         return Kpa(dict(params))
     if policy == "static":
@@ -263,4 +354,13 @@ def make(policy: str, params: Params) -> Controller:
     raise ValueError(f"unknown policy {policy!r}")
 
 
-POLICIES = ("cosyvoice", "hpa", "hpa-concurrency", "keda", "kpa", "static")
+POLICIES = (
+    "cosyvoice",
+    "hpa",
+    "hpa-concurrency",
+    "keda",
+    "keda-fallback",
+    "llmd",
+    "kpa",
+    "static",
+)

@@ -11,7 +11,11 @@ Everything here is pure and seeded: the same arguments give the same trace.
   of a request drawn at random from the trace. A fractional factor adds a copy with that
   probability.
 - `modulate` multiplies the load by a function of time the same way (steps, ramps, bursts).
-- `diurnal_day` synthesizes 24 hours from one trace (the method is in its docstring).
+- `diurnal_day` synthesizes 24 hours (or a week) from one trace (the method is in its
+  docstring); `diurnal_envelope` gives its shape by hour, with the trough as a parameter
+  (0.2 of the peak: the original day; 0.05: the deep-trough variant), and weekend days
+  scaled by a factor (docs/autoscaling-benchmark.md says where the shapes come from and
+  which numbers are assumptions).
 """
 
 from __future__ import annotations
@@ -214,12 +218,18 @@ _ENVELOPE_LOW = _envelope_raw(4.0)
 _ENVELOPE_HIGH = max(_envelope_raw(h / 10.0) for h in range(240))
 
 
-def diurnal_envelope(hour: float) -> float:
-    """Relative load by hour of the day, 1.0 at the peak: a trough of 0.2 at 04:00, a steep
-    morning rise, a plateau through the afternoon, an evening decline (the shape of
-    conversational services' days; two harmonics)."""
+def diurnal_envelope(hour: float, trough: float = 0.2) -> float:
+    """Relative load by hour of the day, 1.0 at the peak: ``trough`` (0.2 by default) at
+    04:00, a steep morning rise, a plateau through the afternoon, an evening decline (the
+    shape of conversational services' days; two harmonics)."""
     raw = _envelope_raw(hour)
-    return 0.2 + 0.8 * (raw - _ENVELOPE_LOW) / (_ENVELOPE_HIGH - _ENVELOPE_LOW)
+    return trough + (1.0 - trough) * (raw - _ENVELOPE_LOW) / (_ENVELOPE_HIGH - _ENVELOPE_LOW)
+
+
+def week_factor(day: int, weekend: float) -> float:
+    """The load of day ``day`` (0 is a Monday) relative to a weekday: ``weekend`` on
+    Saturdays and Sundays."""
+    return weekend if day % 7 >= 5 else 1.0
 
 
 def diurnal_day(
@@ -228,13 +238,18 @@ def diurnal_day(
     peak_factor: float = 1.0,
     block_minutes: int = 10,
     name: str = "diurnal-day",
+    trough: float = 0.2,
+    days: int = 1,
+    weekend: float = 1.0,
 ) -> Trace:
-    """24 hours built from ``source``'s burst structure.
+    """24 hours (``days`` of them, the first a Monday) built from ``source``'s burst
+    structure.
 
     Method: the source's per-minute counts (whole minutes only) divided by their mean give
     its minute-scale burst ratios. The day's minute ``m`` has
-    ``round(mean * peak_factor * envelope(m) * ratio(m))`` arrivals, where ``envelope`` is
-    `diurnal_envelope` and ``ratio`` comes from a block bootstrap of the source's ratios
+    ``round(mean * peak_factor * envelope(m) * week(m) * ratio(m))`` arrivals, where
+    ``envelope`` is `diurnal_envelope` with ``trough``, ``week`` is `week_factor` with
+    ``weekend`` and ``ratio`` comes from a block bootstrap of the source's ratios
     (blocks of ``block_minutes`` consecutive minutes, random starts) so that bursts keep
     their length. Inside a minute, arrivals are placed at offsets drawn from a random source
     minute's own offsets (with 0.5 s of jitter), so the seconds-scale clumping is the
@@ -253,14 +268,16 @@ def diurnal_day(
             offsets[m].append(t - 60 * m)
     usable = [o for o in offsets if o] or [[30.0]]
     block = max(1, min(block_minutes, len(ratios)))
+    minutes = 1440 * days
     day_ratios: list[float] = []
-    while len(day_ratios) < 1440:
+    while len(day_ratios) < minutes:
         begin = rng.randrange(0, len(ratios) - block + 1)
         day_ratios.extend(ratios[begin : begin + block])
     arrivals: list[float] = []
     audio: list[float] = []
-    for m in range(1440):
-        level = mean * peak_factor * diurnal_envelope(m / 60.0) * day_ratios[m]
+    for m in range(minutes):
+        shape = diurnal_envelope((m % 1440) / 60.0, trough) * week_factor(m // 1440, weekend)
+        level = mean * peak_factor * shape * day_ratios[m]
         n = int(level) + (1 if rng.random() < level - int(level) else 0)
         pattern = rng.choice(usable)
         for _ in range(n):
@@ -272,7 +289,7 @@ def diurnal_day(
         name,
         tuple(arrivals[i] for i in order),
         tuple(audio[i] for i in order),
-        DAY_S,
+        DAY_S * days,
     )
 
 
