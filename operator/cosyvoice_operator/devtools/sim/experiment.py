@@ -476,7 +476,7 @@ def run_experiment(exp: Experiment, timelines: bool = False, reuse: Reuse | None
     """Train, select, evaluate; with ``timelines``, seed 0 of the chosen configurations is run
     again on each evaluation trace for the plot. Traces with ``sweep`` run every point (the
     oracle is chosen there); the others run, after the selection on training, the chosen
-    configurations and every point of ours. ``reuse`` holds outcomes already simulated with
+    configurations and every SLO point of ours. ``reuse`` holds outcomes already simulated with
     the same code and configuration (`run_key`): those tasks are not run again."""
     config = exp.config
     train0 = exp.train.build(exp.seeds[0])
@@ -513,8 +513,11 @@ def run_experiment(exp: Experiment, timelines: bool = False, reuse: Reuse | None
         tasks += tasks_for(recipe, points)
     runs = execute(tasks)
     chosen = _choose(summarize(runs), exp.train.name)
-    later = [(p, s.params) for p, s in chosen.items() if p != "cosyvoice"]
-    later += [(p, params) for p, params in points if p == "cosyvoice"]
+    # Ours: the chosen configuration and every SLO point (the other targets: not again).
+    later = [
+        (p, s.params) for p, s in chosen.items() if p != "cosyvoice" or "slo_ms" not in s.params
+    ]
+    later += [(p, params) for p, params in points if p == "cosyvoice" and "slo_ms" in params]
     tasks = []
     for recipe in (r for r in exp.evals if not r.sweep):
         tasks += tasks_for(recipe, later)
