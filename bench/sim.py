@@ -31,6 +31,7 @@ from pathlib import Path
 from cosyvoice_operator.devtools.sim import experiment as ex
 from cosyvoice_operator.devtools.sim import report
 from cosyvoice_operator.devtools.sim.command import default_trace
+from cosyvoice_operator.devtools.sim.policies import POLICIES
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REUSABLE = ("hpa", "hpa-concurrency", "keda", "kpa", "static")
@@ -75,6 +76,11 @@ def main() -> int:
     parser.add_argument("--pickle", action="store_true", help="also write sim.pkl (the Result)")
     parser.add_argument("--from-pickle", type=Path, help="write the files from a saved Result")
     parser.add_argument("--reuse", type=Path, help="an earlier sim.json: baselines' runs kept")
+    parser.add_argument(
+        "--reuse-all", action="store_true", help="reuse every policy's runs (same code only)"
+    )
+    parser.add_argument("--evals", default="", help="comma-separated evaluation traces to keep")
+    parser.add_argument("--log", action="store_true", help="a line per run on stderr (jobs 1)")
     parser.add_argument("--sensitivity", action="store_true", help="issue 22 item 7 instead")
     args = parser.parse_args()
     if args.sensitivity:
@@ -84,9 +90,13 @@ def main() -> int:
         write(saved["result"], args.out, saved["elapsed"])
         return 0
     exp = ex.default_experiment(args.trace, args.multiplier, args.seeds, args.small)
-    exp = replace(exp, jobs=args.jobs)
+    exp = replace(exp, jobs=args.jobs, log=args.log)
+    if args.evals:
+        keep = args.evals.split(",")
+        exp = replace(exp, evals=tuple(r for r in exp.evals if r.name in keep))
     started = time.monotonic()
-    reuse = ex.reusable(json.loads(args.reuse.read_text()), REUSABLE) if args.reuse else None
+    kept = POLICIES if args.reuse_all else REUSABLE
+    reuse = ex.reusable(json.loads(args.reuse.read_text()), kept) if args.reuse else None
     result = ex.run_experiment(exp, timelines=True, reuse=reuse)
     elapsed = time.monotonic() - started
     if args.pickle:
