@@ -75,7 +75,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--pickle", action="store_true", help="also write sim.pkl (the Result)")
     parser.add_argument("--from-pickle", type=Path, help="write the files from a saved Result")
-    parser.add_argument("--reuse", type=Path, help="an earlier sim.json: baselines' runs kept")
+    parser.add_argument(
+        "--reuse", type=Path, action="append", help="an earlier sim.json: baselines' runs kept"
+    )
     parser.add_argument(
         "--reuse-all", action="store_true", help="reuse every policy's runs (same code only)"
     )
@@ -96,7 +98,9 @@ def main() -> int:
         exp = replace(exp, evals=tuple(r for r in exp.evals if r.name in keep))
     started = time.monotonic()
     kept = POLICIES if args.reuse_all else REUSABLE
-    reuse = ex.reusable(json.loads(args.reuse.read_text()), kept) if args.reuse else None
+    reuse: ex.Reuse = {}
+    for earlier in args.reuse or []:
+        reuse.update(ex.reusable(json.loads(earlier.read_text()), kept))
     result = ex.run_experiment(exp, timelines=True, reuse=reuse)
     elapsed = time.monotonic() - started
     if args.pickle:

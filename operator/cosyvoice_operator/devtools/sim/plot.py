@@ -36,6 +36,8 @@ def draw(result: Result, path: str | Path) -> None:
             "matplotlib is not installed: pip install 'cosyvoice-operator[plot]'"
         ) from None
     traces = [r.name for r in result.experiment.evals if r.sweep]  # a week is not drawn
+    if not traces:
+        raise PlotError("no evaluation trace to draw (the week and the deep day are not drawn)")
     slo = result.experiment.config.slo_s
     fig, axes = plt.subplots(3, len(traces), figsize=(4.2 * len(traces), 8.5), squeeze=False)
     for col, trace in enumerate(traces):
