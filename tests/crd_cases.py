@@ -496,6 +496,27 @@ INVALID_SPECS: list[tuple[str, Json, list[str]]] = [
         ["spec.model.uri", "'$('"],
     ),
     ("uri-escape", {"model": {"uri": "s3://tts-models/a\x1bb"}}, ["spec.model.uri", "control"]),
+    # --- the default speaker (issue 19, item 5)
+    (
+        "speaker-audio-not-on-a-claim",
+        {"speakers": {"default": {"audioUri": "s3://voices/a.wav", "transcript": "Hello."}}},
+        ["spec.speakers.default.audioUri must be pvc://CLAIM/PATH"],
+    ),
+    (
+        "speaker-audio-dot-dot",
+        {"speakers": {"default": {"audioUri": "pvc://voices/../a.wav", "transcript": "Hi."}}},
+        ["spec.speakers.default.audioUri", "'.' or '..' path segments"],
+    ),
+    (
+        "speaker-without-transcript",
+        {"speakers": {"default": {"audioUri": "pvc://voices/a.wav"}}},
+        ["spec.speakers.default.transcript", "Required value"],
+    ),
+    (
+        "speaker-transcript-blank",
+        {"speakers": {"default": {"audioUri": "pvc://voices/a.wav", "transcript": "  "}}},
+        ["spec.speakers.default.transcript must be what the audio says"],
+    ),
 ]
 
 

@@ -106,6 +106,19 @@ def _supply_chain_arguments(parser: argparse.ArgumentParser) -> None:
         "(repeatable; over the release table's own pins)",
     )
     parser.add_argument(
+        "--default-speaker-audio",
+        default="",
+        metavar="pvc://CLAIM/PATH",
+        help="a WAV recording of the default speaker (spec.speakers.default): its prompt "
+        "features are computed into speakers/default.npz of the engine",
+    )
+    parser.add_argument(
+        "--default-speaker-transcript",
+        default="",
+        metavar="TEXT",
+        help="what the default speaker's recording says (with --default-speaker-audio)",
+    )
+    parser.add_argument(
         "--sha256-list",
         type=Path,
         default=None,
@@ -416,6 +429,8 @@ def _request(args: argparse.Namespace) -> BuildRequest:
         smoothquant_per_channel=args.smoothquant_per_channel,
         companion_revisions=args.companion_revision,
         sha256_list=args.sha256_list,
+        default_speaker_audio=args.default_speaker_audio,
+        default_speaker_transcript=args.default_speaker_transcript,
     )
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cosyvoice_engine_builder import commands
+from cosyvoice_engine_builder import commands, dry_run, speaker_step
 from cosyvoice_engine_builder.commands import PlanSpec, ToolPaths
 from cosyvoice_engine_builder.fetch import (
     Downloaders,
@@ -33,7 +33,6 @@ from cosyvoice_engine_builder.layout import (
     SPEAKER_INFO,
     LayoutError,
     ModelLayout,
-    assumed_layout,
     resolve_layout,
 )
 from cosyvoice_engine_builder.lock import exclusive_lock
@@ -56,6 +55,8 @@ from cosyvoice_engine_builder.toolchain import (
 )
 
 STEPS: tuple[str, ...] = ("fetch", "convert", "build", "plan-flow", "plan-campplus", "publish")
+# With a default speaker (speaker_step.py): its prompt features after the plans.
+SPEAKER_STEPS: tuple[str, ...] = (*STEPS[:-1], "speaker", "publish")
 
 
 class BuildFailed(Exception):
@@ -122,6 +123,7 @@ class Pipeline:
         # Converters and compilers get no credentials; only the S3 fetch needs them.
         self.tool_env = without_secrets(environ)
         self.markers = StepMarkers(request.work_dir / "steps")
+        self.steps = SPEAKER_STEPS if request.default_speaker else STEPS
         # What a failure is reported against; the CLI reads it for unexpected errors.
         self.current_step = "preflight"
 
@@ -252,6 +254,8 @@ class Pipeline:
         )
         self.current_step = "preflight"
         versions = self._preflight()
+        # Before any download or GPU work: a missing recording fails at once.
+        audio_sha256 = self._speaker_audio() if r.default_speaker else ""
 
         fetch_digest, layout = self._fetch(1)
         convert_digest = self._convert(2, layout, fetch_digest, versions)
@@ -272,7 +276,12 @@ class Pipeline:
             fetch_digest,
             versions,
         )
-        published = self._publish(6, layout, versions, (flow_plan, speaker_plan))
+        speaker = (
+            self._speaker(6, layout, fetch_digest, audio_sha256) if r.default_speaker else None
+        )
+        published = self._publish(
+            len(self.steps), layout, versions, (flow_plan, speaker_plan), speaker
+        )
         self._clean_work()
         seconds = time.monotonic() - started
         self.console.out(f"engine {r.key} ready at {published.engine_dir} after {seconds:.1f}s")
@@ -315,7 +324,7 @@ class Pipeline:
         clean: Sequence[Path] = (),
     ) -> None:
         self.current_step = name
-        log = StepLog(self.console, index, len(STEPS), name)
+        log = StepLog(self.console, index, len(self.steps), name)
         if self.markers.is_done(name, digest, outputs):
             log.line("skipped: done in an earlier attempt with the same inputs")
             return
@@ -427,16 +436,45 @@ class Pipeline:
         self._step(index, name, digest, [plan], action, clean=[plan])
         return plan
 
+    def _speaker_audio(self) -> str:
+        """The default speaker's recording's SHA-256; a missing one fails for good."""
+        self.current_step = "speaker"
+        try:
+            return speaker_step.audio_digest(self.request)
+        except speaker_step.SpeakerAudioMissing as exc:
+            raise BuildFailed("speaker", str(exc), permanent=True) from exc
+
+    def _speaker(
+        self, index: int, layout: ModelLayout, after: str, audio_sha256: str
+    ) -> tuple[Path, str]:
+        """The default speaker's file and the recording's SHA-256 (speaker_step.py)."""
+        r = self.request
+        assert r.default_speaker is not None
+        work = r.work_dir
+        argv = speaker_step.tool_argv(self.environ, self.tools.python, layout.root, r, work)
+        out = speaker_step.output(work)
+        digest = speaker_step.digest(after, argv, audio_sha256, r.default_speaker.transcript)
+
+        def action(log: StepLog) -> None:
+            text = speaker_step.transcript_file(work)
+            text.parent.mkdir(parents=True, exist_ok=True)
+            text.write_text(r.default_speaker.transcript if r.default_speaker else "", "utf-8")
+            self._run_tool(log, argv)
+
+        self._step(index, "speaker", digest, [out], action, clean=[out])
+        return out, audio_sha256
+
     def _publish(
         self,
         index: int,
         layout: ModelLayout,
         versions: Versions,
         plans: tuple[Path, Path],
+        speaker: tuple[Path, str] | None = None,
     ) -> Published:
         r = self.request
         self.current_step = "publish"
-        log = StepLog(self.console, index, len(STEPS), "publish")
+        log = StepLog(self.console, index, len(self.steps), "publish")
         tokenizer_rel = "/".join(p for p in (ENGINE_MODEL_DIR, layout.llm_subpath) if p)
         flow_plan, speaker_plan = plans
         flow_rel = f"{ENGINE_PLANS_DIR}/{flow_plan.name}"
@@ -456,15 +494,21 @@ class Pipeline:
         }
         if (layout.root / SPEAKER_INFO).is_file():
             layout_fields["speakerInfo"] = f"{ENGINE_MODEL_DIR}/{SPEAKER_INFO}"
+        extra: dict[str, object] = {}
+        if speaker is not None:
+            placements.append(Placement(speaker[0], speaker_step.DEFAULT_SPEAKER))
+            layout_fields["defaultSpeaker"] = speaker_step.DEFAULT_SPEAKER
+            extra["speakers"] = speaker_step.manifest_fields(r, speaker[1])
 
         log.line(f"assembling {r.partial_dir}")
         result = publish(
             cache_dir=r.cache_dir,
             key=r.key,
             placements=placements,
-            manifest_for=lambda files: manifest_document(
-                r, versions, layout_fields, files, read_fetched(r)
-            ),
+            manifest_for=lambda files: {
+                **manifest_document(r, versions, layout_fields, files, read_fetched(r)),
+                **extra,
+            },
             echo=log.line,
         )
         if result.already_present:
@@ -476,7 +520,13 @@ class Pipeline:
     def _clean_work(self) -> None:
         # Only what the builder itself created: --work-dir may point somewhere shared.
         work = self.request.work_dir
-        owned = [self.weights_dir, self.engines_dir, self.plans_dir, work / "steps"]
+        owned = [
+            self.weights_dir,
+            self.engines_dir,
+            self.plans_dir,
+            work / "steps",
+            speaker_step.output(work).parent,
+        ]
         if self.request.source.scheme != "pvc":
             owned.append(model_dir(self.request))
         for path in owned:
@@ -487,80 +537,7 @@ class Pipeline:
     # -------------------------------------------------------------- dry run
 
     def dry_run(self) -> None:
-        r = self.request
-        out = self.console.out
-        out("dry run: nothing is fetched, built or written")
-        out(
-            f"key {r.key}: {r.variant.value} {r.precision.value} tp={r.tensor_parallel_size} "
-            f"max_batch_size={r.max_batch_size} max_num_tokens={r.max_num_tokens} {r.gpu_arch}"
-        )
-        built = verify_engine_dir(r.engine_dir, r.key).ok
-        already = " (already built: the run would exit 0 now)" if built else ""
-        out(f"engine dir: {r.engine_dir}{already}")
-        out(f"work dir: {r.work_dir}")
-        out(f"lock: {r.lock_path}")
-        try:
-            self._require_tools()
-        except ToolchainError as exc:
-            out(f"warning: {exc}")
-        try:
-            versions = probe_versions(self.runner, self.tools.python, self.environ, self.tool_env)
-        except ToolchainError as exc:
-            out(f"warning: {exc}".splitlines()[0])
-            versions = Versions(tensorrt="<tensorrt-version>", tensorrt_llm="<trtllm-version>")
-        out(
-            f"TensorRT {versions.tensorrt}, TensorRT-LLM {versions.tensorrt_llm}, "
-            f"builder {versions.builder}"
-        )
-
-        target = model_dir(r)
-        layout = assumed_layout(target, r.variant)
-        if target.is_dir():
-            try:
-                layout = resolve_layout(target, r.variant)
-            except LayoutError as exc:
-                out(f"warning: {exc}")
-        else:
-            out(f"note: {target} does not exist yet; assuming the LLM at {layout.llm_dir}")
-
-        fetch_digest = self._fetch_digest()
-        after_fetch = self._after_fetch(fetch_digest)
-        total = len(STEPS)
-
-        def step(index: int, name: str, text: str, digest: str | None = None) -> None:
-            done = digest is not None and self.markers.is_done(name, digest)
-            skip = "  (done earlier: would skip)" if done else ""
-            out(f"[step {index}/{total}] {name}: {text}{skip}")
-
-        step(1, "fetch", describe_fetch(r, self.environ), fetch_digest)
-        convert = self.convert_argv(layout)
-        convert_digest = self._convert_digest(after_fetch, convert, versions)
-        step(2, "convert", Command(convert).display(), convert_digest)
-        build = self.build_argv()
-        step(
-            3,
-            "build",
-            Command(build).display(),
-            self._build_digest(convert_digest, build, versions),
-        )
-        for index, name, spec, onnx in (
-            (4, "plan-flow", self._flow_spec(), layout.flow_estimator_onnx),
-            (5, "plan-campplus", commands.SPEAKER_EMBEDDING_PLAN, layout.campplus_onnx),
-        ):
-            argv = self.plan_argv(spec, onnx, versions)
-            step(
-                index,
-                name,
-                Command(argv).display(),
-                self._plan_digest(after_fetch, argv, versions),
-            )
-        step(
-            6,
-            "publish",
-            f"{self.engines_dir} -> {ENGINE_LLM_DIR}/, plans -> {ENGINE_PLANS_DIR}/, "
-            f"{target} -> {ENGINE_MODEL_DIR}/ in {r.partial_dir}; manifest.json last; "
-            f"rename to {r.engine_dir}",
-        )
+        dry_run.dry_run(self)
 
 
 def _file_digest(path: Path | None) -> str:

@@ -226,6 +226,27 @@ def _positive(value: int, flag: str) -> int:
 
 
 @dataclass(frozen=True)
+class DefaultSpeaker:
+    """spec.speakers.default: a recording on a claim (``pvc://CLAIM/PATH``) and its text."""
+
+    audio: ModelSource
+    transcript: str
+
+
+def parse_default_speaker(audio: str, transcript: str) -> DefaultSpeaker | None:
+    if not audio and not transcript:
+        return None
+    if not audio or not transcript.strip():
+        raise InvalidRequest("--default-speaker-audio and --default-speaker-transcript go together")
+    source = parse_model_uri(audio)
+    if source.scheme != "pvc" or not source.path:
+        raise InvalidRequest(
+            f"--default-speaker-audio {audio!r}: expected pvc://CLAIM/PATH of a WAV file"
+        )
+    return DefaultSpeaker(source, transcript)
+
+
+@dataclass(frozen=True)
 class BuildRequest:
     key: str
     cache_dir: Path
@@ -247,6 +268,7 @@ class BuildRequest:
     # A sha256sum-format list of files (relative to the fetched model directory) that the
     # fetched model must match, byte for byte.
     sha256_list: Path | None = None
+    default_speaker: DefaultSpeaker | None = None
 
     @classmethod
     def create(
@@ -270,6 +292,8 @@ class BuildRequest:
         smoothquant_per_channel: bool = False,
         companion_revisions: Sequence[str] = (),
         sha256_list: Path | None = None,
+        default_speaker_audio: str = "",
+        default_speaker_transcript: str = "",
     ) -> BuildRequest:
         key = validate_key(key)
         try:
@@ -314,6 +338,9 @@ class BuildRequest:
             sha256_list=sha256_list,
             kv_cache_type=kv,
             smooth_quant=smooth_quant,
+            default_speaker=parse_default_speaker(
+                default_speaker_audio, default_speaker_transcript
+            ),
         )
 
     @property

@@ -14,7 +14,7 @@ BACKEND_KEYS = frozenset({"FORCE_CPU_ONLY_INPUT_TENSORS"})
 READS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "cosyvoice2": (
         frozenset({"model_dir", "llm_tokenizer_dir", "dynamic_chunk_strategy"}),
-        frozenset({"token_hop_len"}),
+        frozenset({"token_hop_len", "default_speaker"}),
     ),
     "token2wav": (
         frozenset({"model_dir", "engine_manifest", "plans_dir"}),
@@ -30,7 +30,7 @@ READS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
                 "llm_api_bases",
             }
         ),
-        frozenset({"token_hop_len"}),
+        frozenset({"token_hop_len", "default_speaker"}),
     ),
 }
 

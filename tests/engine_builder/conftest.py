@@ -187,6 +187,7 @@ def new_builder(tmp_path: Path, capsys: pytest.CaptureFixture[str] | None) -> Bu
     trtexec = _write_tool(bin_dir / "trtexec", "trtexec", executable=True)
     _write_tool(bin_dir / "nvidia-smi", "nvidia-smi", executable=True)
     _write_tool(bin_dir / "aws", "aws", executable=True)
+    speaker_prompt = _write_tool(bin_dir / "speaker-prompt", "speaker-prompt", executable=True)
 
     env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV_VARS}
     env.update(
@@ -196,6 +197,7 @@ def new_builder(tmp_path: Path, capsys: pytest.CaptureFixture[str] | None) -> Bu
             "TRTLLM_QUANTIZE": str(quantize),
             "TRTLLM_BUILD": str(trtllm_build),
             "TRTEXEC": str(trtexec),
+            "COSYVOICE_SPEAKER_PROMPT": str(speaker_prompt),
             "TENSORRT_VERSION": TRT_VERSION,
             "TRTLLM_VERSION": TRTLLM_VERSION,
             "TERMINATION_MESSAGE_PATH": str(tmp_path / "termination-log"),

@@ -1,4 +1,5 @@
-"""Stand-in for convert_checkpoint.py, quantize.py, trtllm-build, trtexec and nvidia-smi.
+"""Stand-in for convert_checkpoint.py, quantize.py, trtllm-build, trtexec, nvidia-smi and the
+speaker_prompt tool.
 
 The tests write tiny wrappers that call :func:`main` with the tool's name. Each call is
 appended to ``$CALL_LOG`` as one JSON line; outputs are created where the real tool would
@@ -91,6 +92,13 @@ def main(tool: str) -> None:
         onnx = Path(_opt(argv, "--onnx"))
         plan = Path(_opt(argv, "--saveEngine"))
         plan.write_bytes(b"plan for " + onnx.read_bytes())
+    elif tool == "speaker-prompt":
+        # --model-dir --variant --audio --transcript-file --out: a file naming its inputs.
+        out = Path(_opt(argv, "--out"))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        text = Path(_opt(argv, "--transcript-file")).read_text(encoding="utf-8")
+        audio = Path(_opt(argv, "--audio")).read_bytes()
+        out.write_text(json.dumps({"transcript": text, "audio_bytes": len(audio), "argv": argv}))
     elif tool == "aws":
         # aws s3 sync s3://bucket/prefix/ DEST --no-progress
         dest = Path(argv[3])

@@ -276,8 +276,34 @@ def compare(
         found += _check_llm_groups(manifest, facts, llm_groups)
     if manifest.get("variant") == variant.value:  # else the variant's mismatch says it all
         found += _check_model_files(manifest, engine_dir, variant)
+    found += _check_default_speaker(manifest, engine_dir)
     found += _check_files(engine_dir, key, file_problems)
     return found
+
+
+def _check_default_speaker(manifest: Mapping[str, Any], engine_dir: Path) -> list[Mismatch]:
+    """spec.speakers.default's file (``layout.defaultSpeaker``), which the orchestrator opens
+    at load: listed among the manifest's files (so its size, or with --manifest-sha256 its
+    SHA-256, is checked with theirs) and present."""
+    layout = manifest.get("layout")
+    value = layout.get("defaultSpeaker") if isinstance(layout, dict) else None
+    if value is None:
+        return []
+    rel = member(value)
+    files = manifest.get("files")
+    listed = isinstance(files, list) and any(
+        isinstance(f, dict) and f.get("path") == rel for f in files
+    )
+    if rel is not None and listed and (engine_dir / rel).is_file():
+        return []
+    return [
+        Mismatch(
+            "default-speaker",
+            f"the default speaker's file {value!r} (layout.defaultSpeaker) is "
+            + ("not listed among the manifest's files" if not listed else "missing"),
+            "rebuild the engine: its speaker step publishes and lists the file",
+        )
+    ]
 
 
 def _check_model_files(

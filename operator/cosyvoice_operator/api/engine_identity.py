@@ -6,9 +6,16 @@ limits, builder image, GPU architecture) and nothing else. Serving settings, rep
 autoscaling never enter it, so changing them never rebuilds; changing any input does.
 Services that resolve to the same key share one engine.
 
-The fields added after the first release (KV-cache type, SmoothQuant, companion revisions)
-enter the key only when they differ from their defaults: an existing spec keeps its key (and
-its built engine) across the upgrade that introduced them.
+The fields added after the first release (KV-cache type, SmoothQuant, companion revisions,
+the default speaker) enter the key only when they differ from their defaults: an existing spec
+keeps its key (and its built engine) across the upgrade that introduced them.
+
+The default speaker (``spec.speakers.default``, issue 19 item 5) changes no TensorRT engine,
+but its prompt features are a file of the engine directory, listed with its SHA-256 in the
+engine's manifest and checked by the serving pod's gate: the key names the directory's whole
+content, so the speaker is in it while set. The price is that changing the default speaker
+builds the engine again (on a GPU, minutes); a separate speaker artifact with its own key,
+Job and record would avoid that and is left for when speakers change often (README).
 
 Companion revisions: the commits the operator is configured to fetch an upstream release's
 companion repositories at (COSYVOICE_COMPANION_REVISIONS, by release URI). They change the
@@ -61,6 +68,9 @@ class EngineIdentity:
     smooth_quant: str = ""
     # "hf://ORG/NAME=COMMIT,..." (sorted): the pinned companions of an upstream release.
     companion_revisions: str = ""
+    # spec.speakers.default: the builder computes its prompt features into the engine dir.
+    speaker_audio_uri: str = ""
+    speaker_transcript: str = ""
 
     def canonical(self) -> dict[str, Any]:
         """The fields the key is taken over: the new ones only where not at their default."""
@@ -85,6 +95,8 @@ _KEY_NEUTRAL: dict[str, str] = {
     "kv_cache_type": "auto",
     "smooth_quant": "",
     "companion_revisions": "",
+    "speaker_audio_uri": "",
+    "speaker_transcript": "",
 }
 # (release URI, companion URI, commit) of every configured pin.
 CompanionPins = tuple[tuple[str, str, str], ...]
@@ -104,6 +116,8 @@ _DICT_NAMES: tuple[tuple[str, str], ...] = (
     ("kv_cache_type", "kvCacheType"),
     ("smooth_quant", "smoothQuant"),
     ("companion_revisions", "companionRevisions"),
+    ("speaker_audio_uri", "speakerAudioUri"),
+    ("speaker_transcript", "speakerTranscript"),
 )
 
 
@@ -129,6 +143,8 @@ def identity_from_dict(data: Mapping[str, Any]) -> EngineIdentity:
         kv_cache_type=str(data.get("kvCacheType", "auto")),
         smooth_quant=str(data.get("smoothQuant", "")),
         companion_revisions=str(data.get("companionRevisions", "")),
+        speaker_audio_uri=str(data.get("speakerAudioUri", "")),
+        speaker_transcript=str(data.get("speakerTranscript", "")),
     )
 
 
@@ -160,7 +176,9 @@ def companions_of(spec: ServiceSpec, pins: CompanionPins) -> str:
 def identity(
     spec: ServiceSpec, gpu_arch: str, default_builder_image: str, pins: CompanionPins = ()
 ) -> EngineIdentity:
-    """The per-architecture build: the TensorRT-LLM engine and the plans."""
+    """The per-architecture build: the TensorRT-LLM engine, the plans and the default
+    speaker's prompt features."""
+    speaker = spec.speakers.default
     return EngineIdentity(
         model_uri=spec.model.uri,
         revision=spec.model.revision,
@@ -174,6 +192,8 @@ def identity(
         kv_cache_type=kv_cache_of(spec),
         smooth_quant=smooth_quant_of(spec),
         companion_revisions=companions_of(spec, pins),
+        speaker_audio_uri=speaker.audio_uri if speaker else "",
+        speaker_transcript=speaker.transcript if speaker else "",
     )
 
 

@@ -209,12 +209,33 @@ class AutoscalingSpec:
 
 
 @dataclass(frozen=True)
+class DefaultSpeaker:
+    """The voice of requests without reference audio: a recording on a claim and what it says.
+    The engine builder turns it into the speaker's prompt features (issue 19, item 5)."""
+
+    audio_uri: str  # pvc://CLAIM/PATH of a WAV file
+    transcript: str
+
+    @property
+    def pvc_claim(self) -> str:
+        m = _URI.match(self.audio_uri)
+        assert m  # checked on parse
+        return m.group(2)
+
+
+@dataclass(frozen=True)
+class SpeakersSpec:
+    default: DefaultSpeaker | None = None
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     model: ModelSpec
     engine: EngineSpec
     serving: ServingSpec
     replicas: int
     autoscaling: AutoscalingSpec
+    speakers: SpeakersSpec = SpeakersSpec()
 
 
 def _resources(s: Mapping[str, Any]) -> dict[str, Any]:
@@ -333,7 +354,37 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
         serving=serving,
         replicas=integer(spec, "replicas", "spec", 1, 0, 10**4),
         autoscaling=autoscaling,
+        speakers=_speakers(obj(spec, "speakers", "spec")),
     )
+
+
+MAX_TRANSCRIPT = 2000
+_SPEAKER_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)/(\S+)$")
+
+
+def _speakers(s: Mapping[str, Any]) -> SpeakersSpec:
+    if s.get("default") is None:
+        return SpeakersSpec()
+    d = obj(s, "default", "spec.speakers")
+    path = "spec.speakers.default"
+    uri = string(d, "audioUri")
+    if not _SPEAKER_URI.match(uri) or len(uri) > 1024:
+        raise SpecError(
+            f"{path}.audioUri",
+            f"must be pvc://CLAIM/PATH, a WAV file on a PersistentVolumeClaim, got {uri!r:.80}",
+        )
+    if CONTROL.search(uri) or "$(" in uri or _DOT_SEGMENT.search(uri.split("://", 1)[1]):
+        raise SpecError(
+            f"{path}.audioUri",
+            "must not have '.' or '..' path segments, '$(' or control characters",
+        )
+    transcript = string(d, "transcript")
+    if not transcript.strip() or len(transcript) > MAX_TRANSCRIPT or CONTROL.search(transcript):
+        raise SpecError(
+            f"{path}.transcript",
+            f"must be what the audio says: 1-{MAX_TRANSCRIPT} characters, no control characters",
+        )
+    return SpeakersSpec(DefaultSpeaker(uri, transcript))
 
 
 def _model(m: Mapping[str, Any]) -> ModelSpec:

@@ -148,7 +148,22 @@ def builder_args(identity: EngineIdentity) -> list[str]:
             args.append("--smoothquant-per-token")
         if "per_channel" in options:
             args.append("--smoothquant-per-channel")
+    if identity.speaker_audio_uri:
+        # The kubelet expands $(VAR) in args and reduces $$ to $: doubling every $ keeps the
+        # transcript as written.
+        transcript = identity.speaker_transcript.replace("$", "$$")
+        args += ["--default-speaker-audio", identity.speaker_audio_uri]
+        args += ["--default-speaker-transcript", transcript]
     return args
+
+
+def _claims(spec: ServiceSpec) -> list[str]:
+    """The claims the build pod reads (read-only): a pvc:// model's, the default speaker's."""
+    claims = [
+        spec.model.pvc_claim or "",
+        spec.speakers.default.pvc_claim if spec.speakers.default else "",
+    ]
+    return list(dict.fromkeys(c for c in claims if c))
 
 
 # The Secret keys the builder reads, per model URI scheme (engine-builder/README.md): the
@@ -319,10 +334,12 @@ def _build_volumes(
         {"name": "engines", "persistentVolumeClaim": {"claimName": cache.claim}},
         {"name": "scratch", "emptyDir": {"sizeLimit": settings.scratch_size}},
     ]
-    claim = spec.model.pvc_claim
-    if claim:
+    for i, claim in enumerate(_claims(spec)):
         volumes.append(
-            {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+            {
+                "name": "model" if i == 0 else f"model-{i}",
+                "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
+            }
         )
     return volumes
 
@@ -334,9 +351,9 @@ def _builder_container(
         {"name": "engines", "mountPath": CACHE_MOUNT},
         {"name": "scratch", "mountPath": "/tmp"},
     ]
-    claim = spec.model.pvc_claim
-    if claim:
-        mounts.append({"name": "model", "mountPath": f"{MODELS_MOUNT}/{claim}", "readOnly": True})
+    for i, claim in enumerate(_claims(spec)):
+        name = "model" if i == 0 else f"model-{i}"
+        mounts.append({"name": name, "mountPath": f"{MODELS_MOUNT}/{claim}", "readOnly": True})
     return {
         "name": CONTAINER,
         "image": ident.builder_image,

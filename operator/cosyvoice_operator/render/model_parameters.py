@@ -19,7 +19,8 @@ Who reads a key (``reader``):
 
 ``always`` keys are in every rendered configuration of that model; ``sometimes`` keys only
 where the spec asks for them (``token_hop_len`` when ``streamChunking.firstChunkTokens`` is
-not upstream's 15; the LLM servers' URLs where the LLM runs beside Triton).
+not upstream's 15; ``default_speaker`` with ``spec.speakers.default``; the LLM servers' URLs
+where the LLM runs beside Triton).
 """
 
 from __future__ import annotations
@@ -83,12 +84,16 @@ def _python(*always: str, sometimes: tuple[str, ...] = ()) -> ModelParameters:
 
 
 _TOKEN_HOP = "token_hop_len"
+_SPEAKER = "default_speaker"
 _LLM_URLS = ("llm_api_base", "llm_api_bases")
 
 MODEL_PARAMETERS: dict[str, dict[str, ModelParameters]] = {
     "cosyvoice2": {
         "cosyvoice2": _python(
-            "model_dir", "llm_tokenizer_dir", "dynamic_chunk_strategy", sometimes=(_TOKEN_HOP,)
+            "model_dir",
+            "llm_tokenizer_dir",
+            "dynamic_chunk_strategy",
+            sometimes=(_TOKEN_HOP, _SPEAKER),
         ),
         "tensorrt_llm": ModelParameters(
             always=(
@@ -115,7 +120,7 @@ MODEL_PARAMETERS: dict[str, dict[str, ModelParameters]] = {
             "llm_tokenizer_dir",
             "dynamic_chunk_strategy",
             *_LLM_URLS,
-            sometimes=(_TOKEN_HOP,),
+            sometimes=(_TOKEN_HOP, _SPEAKER),
         ),
         "token2wav": _python("model_dir", *_PLANS),
         "vocoder": _python("model_dir"),

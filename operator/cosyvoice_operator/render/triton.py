@@ -64,6 +64,8 @@ TRTLLM_EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorW
 ENGINE_LLM_DIR = "llm"
 ENGINE_MODEL_DIR = "model"
 ENGINE_PLANS_DIR = "plans"
+# spec.speakers.default's prompt features (speakers/default.npz), when the spec names one.
+ENGINE_DEFAULT_SPEAKER = "speakers/default.npz"
 MANIFEST_NAME = "manifest.json"
 TOKENIZER_SUBDIR = "llm"
 
@@ -93,6 +95,10 @@ class EnginePaths:
     @property
     def manifest(self) -> str:
         return f"{self.root}/{MANIFEST_NAME}"
+
+    @property
+    def default_speaker(self) -> str:
+        return f"{self.root}/{ENGINE_DEFAULT_SPEAKER}"
 
 
 def engine_paths(engine_dir: str) -> EnginePaths:
@@ -322,6 +328,10 @@ def _orchestrator(svc: ServiceSpec, paths: EnginePaths) -> dict[str, Value]:
         # Upstream's value is the model code's own default: written out only when it differs,
         # so the repository (and the pods) of a service that never set it stay as they were.
         params["token_hop_len"] = str(chunking.first_chunk_tokens)
+    if svc.speakers.default is not None:
+        # Rendered only with a default speaker: without it, a request without reference audio
+        # gets an error from the orchestrator.
+        params["default_speaker"] = paths.default_speaker
     if llm_beside_triton(svc):
         urls = llm_urls(svc)
         params["llm_api_base"] = urls[0]

@@ -10,7 +10,8 @@ out, every BLS response asked in host memory. Per request:
 1. the speaker: reference audio -> ``audio_tokenizer`` (speech tokens) and
    ``speaker_embedding``, and its mel (:mod:`cosyvoice_serving_models.features`); cached on
    the audio's hash plus the reference text (``speakers.SpeakerCache``).
-   Without reference audio the request gets an error (no default speaker here);
+   without reference audio, the default speaker (``default_speaker``: the file the engine
+   builder made from ``spec.speakers.default``), or a per-request error when there is none;
 2. the prompt ``<|sos|>`` + reference text + target text + ``<|task_id|>`` + the reference's
    speech tokens, through ``tensorrt_llm`` (streamed when decoupled);
 3. the speech tokens through ``token2wav`` in chunks (``chunking.Chunking`` from
@@ -39,7 +40,7 @@ import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
 from cosyvoice_serving_models import contract, features  # noqa: E402
 from cosyvoice_serving_models.chunking import LOOKAHEAD_TOKENS, Chunking  # noqa: E402
 from cosyvoice_serving_models.orchestration import OneStreamAtATime  # noqa: E402
-from cosyvoice_serving_models.speakers import SpeakerCache, speaker_key  # noqa: E402
+from cosyvoice_serving_models.speakers import SpeakerCache, load_prompt, speaker_key  # noqa: E402
 
 MODEL = "cosyvoice2"
 ORIGINAL_VOCAB_SIZE = 151663  # speech token t is LLM token ORIGINAL_VOCAB_SIZE + t
@@ -90,6 +91,13 @@ class TritonPythonModel(OneStreamAtATime):
             strategy=contract.parameter(params, MODEL, "dynamic_chunk_strategy"),
         )
         self.speakers: SpeakerCache[tuple[Any, Any, Any]] = SpeakerCache()
+        # spec.speakers.default, built by the engine builder and verified by the pod's gate:
+        # requests without reference audio use it (absent: they get a per-request error).
+        default = contract.parameter(params, MODEL, "default_speaker")
+        self.default_speaker = None
+        if default:
+            prompt = load_prompt(Path(default))
+            self.default_speaker = (prompt.text, prompt.as_request_inputs())
         self.host_memory = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
         self._start_gauge(args)
 
@@ -118,7 +126,12 @@ class TritonPythonModel(OneStreamAtATime):
     def _speaker(self, request: Any) -> tuple[str, tuple[Any, Any, Any]]:
         wav_tensor = pb_utils.get_input_tensor_by_name(request, "reference_wav")
         if wav_tensor is None:
-            raise ValueError("reference_wav is required: this deployment has no default speaker")
+            if self.default_speaker is None:
+                raise ValueError(
+                    "reference_wav is required: this deployment has no default speaker "
+                    "(spec.speakers.default)"
+                )
+            return self.default_speaker
         length_tensor = pb_utils.get_input_tensor_by_name(request, "reference_wav_len")
         wav = host(wav_tensor).reshape(1, -1)
         if length_tensor is not None:

@@ -3,7 +3,8 @@
 The project's own model code (``serving-models/README.md``). Like ``cosyvoice2``'s: one
 stream per instance (synchronous ``execute``, so Triton's queue time is the wait before
 synthesis starts), no torch, every BLS response in host memory, the speaker cache on the
-reference audio's hash plus its text, the chunk schedule from ``token_hop_len`` and
+reference audio's hash plus its text, the default speaker for requests without reference
+audio (``default_speaker``), the chunk schedule from ``token_hop_len`` and
 ``dynamic_chunk_strategy``, the ``cosyvoice_active_streams`` gauge. Specific to CosyVoice3:
 
 - the LLM runs beside Triton, one OpenAI-compatible server per tensor-parallel group
@@ -39,7 +40,7 @@ from cosyvoice_serving_models import contract, features  # noqa: E402
 from cosyvoice_serving_models.chunking import LOOKAHEAD_TOKENS, Chunking  # noqa: E402
 from cosyvoice_serving_models.llm_groups import LeastLoaded  # noqa: E402
 from cosyvoice_serving_models.orchestration import OneStreamAtATime  # noqa: E402
-from cosyvoice_serving_models.speakers import SpeakerCache, speaker_key  # noqa: E402
+from cosyvoice_serving_models.speakers import SpeakerCache, load_prompt, speaker_key  # noqa: E402
 
 MODEL = "cosyvoice3"
 MAX_TOKENS = 750
@@ -78,6 +79,13 @@ class TritonPythonModel(OneStreamAtATime):
             strategy=contract.parameter(params, MODEL, "dynamic_chunk_strategy"),
         )
         self.speakers: SpeakerCache[tuple[Any, Any, Any]] = SpeakerCache()
+        # spec.speakers.default, built by the engine builder and verified by the pod's gate:
+        # requests without reference audio use it (absent: they get a per-request error).
+        default = contract.parameter(params, MODEL, "default_speaker")
+        self.default_speaker = None
+        if default:
+            prompt = load_prompt(Path(default))
+            self.default_speaker = (prompt.text, prompt.as_request_inputs())
         self.host_memory = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
         self._start_gauge(args)
 
@@ -95,7 +103,12 @@ class TritonPythonModel(OneStreamAtATime):
     def _speaker(self, request: Any) -> tuple[str, tuple[Any, Any, Any]]:
         wav_tensor = pb_utils.get_input_tensor_by_name(request, "reference_wav")
         if wav_tensor is None:
-            raise ValueError("reference_wav is required: this deployment has no default speaker")
+            if self.default_speaker is None:
+                raise ValueError(
+                    "reference_wav is required: this deployment has no default speaker "
+                    "(spec.speakers.default)"
+                )
+            return self.default_speaker
         length_tensor = pb_utils.get_input_tensor_by_name(request, "reference_wav_len")
         wav = host(wav_tensor).reshape(1, -1)
         if length_tensor is not None:

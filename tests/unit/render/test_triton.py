@@ -43,6 +43,9 @@ GOLDEN_CASES: dict[str, dict[str, Any]] = {
         "engine": {"tensorParallelSize": 2},
     },
     "offline": {"serving": {"streaming": False}},
+    "speaker": {
+        "speakers": {"default": {"audioUri": "pvc://voices/narrator.wav", "transcript": "Hi."}}
+    },
 }
 
 
@@ -460,3 +463,19 @@ def test_cosyvoice2_orchestrator_fills_the_llm_slots(
     )
     (bls,) = rendered(svc)["cosyvoice2"].instance_group
     assert bls.count == expected == triton.orchestrator_instances(svc)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_default_speaker_reaches_the_orchestrator_only_when_set(variant: str) -> None:
+    """spec.speakers.default: the engine's speakers/default.npz as ``default_speaker``
+    (issue 19, item 5); without it no key, and the orchestrator answers a request without
+    reference audio with an error."""
+    with_speaker = svc_of(
+        variant,
+        speakers={"default": {"audioUri": "pvc://voices/narrator.wav", "transcript": "Hi."}},
+    )
+    configs = rendered(with_speaker)
+    assert params(configs[variant])["default_speaker"] == f"{ENGINE_DIR}/speakers/default.npz"
+    others = [name for name, c in configs.items() if "default_speaker" in params(c)]
+    assert others == [variant]
+    assert "default_speaker" not in params(rendered(svc_of(variant))[variant])

@@ -1,0 +1,103 @@
+"""The ``speaker`` step: the default speaker's prompt features (issue 19, item 5).
+
+With ``--default-speaker-audio pvc://CLAIM/PATH --default-speaker-transcript TEXT`` the
+build runs, after the plans, the serving models' ``speaker_prompt`` tool (upstream's library,
+in the builder image) on the release it fetched: the recording's speech tokens, speaker
+embedding and prompt mel, into one NumPy file that is published as
+``speakers/default.npz`` of the engine directory. The manifest lists it with its SHA-256
+like every file, names it in ``layout.defaultSpeaker``, and records where it came from under
+``speakers.default`` (the audio's URI and SHA-256, the transcript). The serving pods' gate
+checks it, and the orchestrator reads it for requests without reference audio.
+
+``COSYVOICE_SPEAKER_PROMPT`` replaces the tool's command (default:
+``$TRTLLM_PYTHON -m cosyvoice_serving_models.speaker_prompt``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cosyvoice_engine_builder.manifest import sha256_file
+from cosyvoice_engine_builder.request import BuildRequest
+from cosyvoice_engine_builder.steps import params_digest
+
+# The engine directory's speaker file (the operator renders the same path: render/triton.py).
+DEFAULT_SPEAKER = "speakers/default.npz"
+TOOL_MODULE = "cosyvoice_serving_models.speaker_prompt"
+
+
+class SpeakerAudioMissing(Exception):
+    """The recording is not where the request says (a permanent failure)."""
+
+
+def audio_path(request: BuildRequest) -> Path:
+    speaker = request.default_speaker
+    assert speaker is not None
+    return request.pvc_root / speaker.audio.authority / speaker.audio.path
+
+
+def check_audio(request: BuildRequest) -> Path:
+    path = audio_path(request)
+    if not path.is_file():
+        speaker = request.default_speaker
+        assert speaker is not None
+        raise SpeakerAudioMissing(
+            f"--default-speaker-audio {speaker.audio.uri}: {path} is not a file; is the claim "
+            f"{speaker.audio.authority!r} mounted at {request.pvc_root / speaker.audio.authority}?"
+        )
+    return path
+
+
+def tool_argv(
+    environ: Mapping[str, str], python: str, model_root: Path, request: BuildRequest, work: Path
+) -> tuple[str, ...]:
+    prefix = environ.get("COSYVOICE_SPEAKER_PROMPT")
+    command = tuple(shlex.split(prefix)) if prefix else (python, "-m", TOOL_MODULE)
+    return (
+        *command,
+        "--model-dir",
+        str(model_root),
+        "--variant",
+        request.variant.value,
+        "--audio",
+        str(audio_path(request)),
+        "--transcript-file",
+        str(transcript_file(work)),
+        "--out",
+        str(output(work)),
+    )
+
+
+def transcript_file(work: Path) -> Path:
+    return work / "speaker" / "transcript.txt"
+
+
+def output(work: Path) -> Path:
+    return work / "speaker" / "default.npz"
+
+
+def digest(after: str, argv: tuple[str, ...], audio_sha256: str, transcript: str) -> str:
+    """Reruns when the release, the command, the recording's bytes or the text changed."""
+    return params_digest(
+        {"after": after, "argv": list(argv), "audio": audio_sha256, "transcript": transcript}
+    )
+
+
+def manifest_fields(request: BuildRequest, audio_sha256: str) -> dict[str, Any]:
+    speaker = request.default_speaker
+    assert speaker is not None
+    return {
+        "default": {
+            "file": DEFAULT_SPEAKER,
+            "audioUri": speaker.audio.uri,
+            "audioSha256": audio_sha256,
+            "transcript": speaker.transcript,
+        }
+    }
+
+
+def audio_digest(request: BuildRequest) -> str:
+    return sha256_file(check_audio(request))
