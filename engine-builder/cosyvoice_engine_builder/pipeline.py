@@ -295,6 +295,8 @@ class Pipeline:
             require_script(self.tools.convert_script, "TRTLLM_QWEN_CONVERT")
         require_executable(self.tools.trtllm_build, "TRTLLM_BUILD", self.environ)
         require_executable(self.tools.trtexec, "TRTEXEC", self.environ)
+        if r.default_speaker is not None:
+            speaker_step.require_tool(self.runner, self.tools.python, self.environ, self.tool_env)
 
     def _preflight(self) -> Versions:
         # Every tool is checked before the first download: finding out that trtexec is

@@ -22,7 +22,9 @@ from typing import Any
 
 from cosyvoice_engine_builder.manifest import sha256_file
 from cosyvoice_engine_builder.request import BuildRequest
+from cosyvoice_engine_builder.runner import Command, CommandFailed, Runner
 from cosyvoice_engine_builder.steps import params_digest
+from cosyvoice_engine_builder.toolchain import ToolchainError, require_executable
 
 # The engine directory's speaker file (the operator renders the same path: render/triton.py).
 DEFAULT_SPEAKER = "speakers/default.npz"
@@ -31,6 +33,32 @@ TOOL_MODULE = "cosyvoice_serving_models.speaker_prompt"
 
 class SpeakerAudioMissing(Exception):
     """The recording is not where the request says (a permanent failure)."""
+
+
+# What the default tool imports: our package and upstream's frontend with its ONNX Runtime.
+_IMPORTS = (TOOL_MODULE, "cosyvoice.cli.frontend", "onnxruntime", "torchaudio")
+
+
+def require_tool(
+    runner: Runner, python: str, environ: Mapping[str, str], tool_env: Mapping[str, str]
+) -> None:
+    """In preflight, before any GPU work: the tool runs in this image (ToolchainError if not).
+
+    The builder image does not install upstream's library yet (engine-builder/README.md):
+    there, a build with a default speaker fails here, for good, saying so."""
+    prefix = environ.get("COSYVOICE_SPEAKER_PROMPT")
+    if prefix:
+        require_executable(shlex.split(prefix)[0], "COSYVOICE_SPEAKER_PROMPT", environ)
+        return
+    code = "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in _IMPORTS)
+    try:
+        runner.run(Command((python, "-c", code), env=tool_env, timeout=300), echo_output=False)
+    except CommandFailed as exc:
+        last = (exc.tail() or [str(exc)])[-1]
+        raise ToolchainError(
+            f"the default speaker's tool cannot run in this image ({last}): it needs "
+            f"{', '.join(_IMPORTS)} for {python} (or set COSYVOICE_SPEAKER_PROMPT)"
+        ) from exc
 
 
 def audio_path(request: BuildRequest) -> Path:

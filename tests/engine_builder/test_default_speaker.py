@@ -137,3 +137,15 @@ def test_the_gate_checks_the_default_speakers_file(builder: Builder) -> None:
     assert "not listed" in mismatches(unlisted)["default-speaker"]
     (builder.engine_dir / "speakers" / "default.npz").unlink()
     assert "missing" in mismatches(manifest)["default-speaker"]
+
+
+def test_an_image_without_the_speaker_tool_fails_in_preflight_for_good(builder: Builder) -> None:
+    """The default tool needs upstream's frontend and ONNX Runtime (not in this venv, nor in
+    the builder image yet): found out before any download or GPU work, exit 2."""
+    _with_speaker(builder)
+    env = {k: v for k, v in builder.env.items() if k != "COSYVOICE_SPEAKER_PROMPT"}
+    result = builder.run(builder.args(**_speaker_args()), env=env)
+    assert result.code == 2, result.out
+    assert result.termination is not None and result.termination["step"] == "preflight"
+    assert "the default speaker's tool cannot run in this image" in result.termination["message"]
+    assert builder.tools_called() == []
