@@ -32,13 +32,20 @@ READS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
         ),
         frozenset({"token_hop_len", "default_speaker"}),
     ),
+    "audio_tokenizer": (frozenset({"model_dir"}), frozenset()),
+    "speaker_embedding": (
+        frozenset({"model_dir", "engine_manifest", "plans_dir"}),
+        frozenset(),
+    ),
 }
 
-# The variant each model of models/ serves (CosyVoice3's token2wav is not written yet).
-VARIANT_OF: dict[str, str] = {
-    "cosyvoice2": "cosyvoice2",
-    "token2wav": "cosyvoice2",
-    "cosyvoice3": "cosyvoice3",
+# The variants each model of models/ serves (CosyVoice3's token2wav is not written yet).
+VARIANTS_OF: dict[str, tuple[str, ...]] = {
+    "cosyvoice2": ("cosyvoice2",),
+    "token2wav": ("cosyvoice2",),
+    "cosyvoice3": ("cosyvoice3",),
+    "audio_tokenizer": ("cosyvoice2", "cosyvoice3"),
+    "speaker_embedding": ("cosyvoice2", "cosyvoice3"),
 }
 
 

@@ -14,7 +14,9 @@ writes, as the engine builder lays out ``<engine>/model/`` (the upstream release
 - ``flow.pt``, ``hift.pt``: ``torch.save`` of the state dicts, as upstream's;
 - ``llm/tokenizer.json``: a byte-level tokenizer (``tokenizers`` format, as the Qwen2
   companion ships it) with upstream's special tokens ``<|sos|>``, ``<|task_id|>``,
-  ``<|eos1|>``.
+  ``<|eos1|>``;
+- ``speech_tokenizer_v2.onnx`` and ``campplus.onnx``: the speech tokenizer's weights as
+  ``s3tokenizer`` reads them, and a network with CAM++'s interface (:mod:`.tiny_onnx`).
 
 The flow keeps the real interfaces that other models feed: 80 mel bins, 192-dim speaker
 embeddings, 6561 speech tokens, 2 mel frames per token, 3 look-ahead tokens, chunks of 25
@@ -165,6 +167,7 @@ def write(out: Path, seed: int = 1986) -> Path:
     import torch
     from hyperpyyaml import load_hyperpyyaml  # type: ignore[import-not-found]
 
+    from cosyvoice_serving_models import tiny_onnx
     from cosyvoice_serving_models.token2wav import flow_and_hift_yaml
 
     out.mkdir(parents=True, exist_ok=True)
@@ -174,6 +177,8 @@ def write(out: Path, seed: int = 1986) -> Path:
     torch.save(configs["flow"].state_dict(), out / "flow.pt")
     torch.save(configs["hift"].state_dict(), out / "hift.pt")
     write_tokenizer(out / "llm" / "tokenizer.json")
+    tiny_onnx.write_speech_tokenizer(out / "speech_tokenizer_v2.onnx", "v2", seed)
+    tiny_onnx.write_campplus(out / "campplus.onnx", seed)
     return out
 
 

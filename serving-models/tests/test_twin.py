@@ -1,8 +1,8 @@
 """The project's model code in the real tritonserver (pytriton's, CPU), with upstream's
 library on a tiny synthetic release: the operator's rendered CosyVoice2 repository with our
-``cosyvoice2`` orchestrator and ``token2wav``; ``tensorrt_llm``, ``audio_tokenizer`` and
-``speaker_embedding`` stay the CPU twin's stand-ins (no TensorRT-LLM, ONNX Runtime on this
-machine).
+``cosyvoice2`` orchestrator, ``token2wav``, ``audio_tokenizer`` (``s3tokenizer``) and
+``speaker_embedding`` (Kaldi fbank, ONNX Runtime); ``tensorrt_llm`` stays the CPU twin's
+stand-in (no TensorRT-LLM on this machine).
 
 Two things differ from what the operator renders, both named here: the twin's one transform
 (KIND_GPU -> KIND_CPU, ``cpu_twin.to_cpu``) and the paths (``model_dir`` and
@@ -30,9 +30,9 @@ from cosyvoice_operator.api import spec
 from cosyvoice_operator.devtools.closedloop import cpu_twin
 from cosyvoice_operator.render import triton
 
-from .conftest import PACKAGE_ROOT, ROOT, library_path, require_library
+from .conftest import PACKAGE_ROOT, ROOT, debian_python, library_path, require_library
 
-OURS = ("cosyvoice2", "token2wav")
+OURS = ("cosyvoice2", "token2wav", "audio_tokenizer", "speaker_embedding")
 FIRST_CHUNK_TOKENS = 10
 
 
@@ -142,11 +142,12 @@ def test_each_instance_runs_on_the_device_triton_gave_it(
 ) -> None:
     _, records = server
     entries = [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
-    token2wav = [e for e in entries if e["instance"].startswith("token2wav")]
-    assert len(token2wav) == 2, entries  # instancesPerGpu 2
-    assert {e["pid"] for e in token2wav}.__len__() == 2
-    for entry in token2wav:
-        assert entry["kind"] == "CPU" and entry["device"] == "cpu", entry
+    for model in ("token2wav", "audio_tokenizer", "speaker_embedding"):
+        instances = [e for e in entries if e["instance"].startswith(model)]
+        assert len(instances) == 2, (model, entries)  # instancesPerGpu 2
+        assert len({e["pid"] for e in instances}) == 2
+        for entry in instances:
+            assert entry["kind"] == "CPU" and entry["device"] == "cpu", entry
 
 
 def test_the_orchestrator_reports_its_active_streams(
@@ -157,3 +158,57 @@ def test_the_orchestrator_reports_its_active_streams(
     lines = [line for line in metrics if line.startswith("cosyvoice_active_streams")]
     assert len(lines) == 4, lines  # one gauge per orchestrator instance (maxBatchSize 2 -> 4)
     assert all(line.endswith(" 0") for line in lines), lines  # no stream left behind
+
+
+def infer(server: cpu_twin.TritonServer, model: str, inputs: dict[str, Any], output: str) -> Any:
+    """One request to ``model`` (a batch of one), its ``output`` as NumPy."""
+    import tritonclient.grpc as grpcclient
+
+    types = {np.dtype(np.float32): "FP32", np.dtype(np.int32): "INT32"}
+    tensors = []
+    for name, value in inputs.items():
+        tensor = grpcclient.InferInput(name, list(value.shape), types[value.dtype])
+        tensor.set_data_from_numpy(value)
+        tensors.append(tensor)
+    client = grpcclient.InferenceServerClient(server.grpc)
+    try:
+        return client.infer(model, tensors).as_numpy(output)
+    finally:
+        client.close()
+
+
+def test_the_reference_models_answer_what_upstreams_computation_gives(
+    server: tuple[cpu_twin.TritonServer, Path], tmp_path: Path
+) -> None:
+    """Our ``audio_tokenizer`` and ``speaker_embedding`` in tritonserver, on the reference
+    every stream sends, against ``reference_check.py``: the tokenizer built from the generated
+    weights directly (not read back from the ONNX file) and run as upstream's model runs it,
+    and the embedding from upstream's fbank and the tiny network in NumPy. A reference cut by
+    ``reference_wav_len`` is tokenized as the cut waveform."""
+    triton_server, _ = server
+    wav = np.sin(np.arange(16000 * 2, dtype=np.float32) / 7.0).reshape(1, -1)
+    cut = 16000 + 4000
+    expected = {}
+    for length in (wav.shape[1], cut):
+        np.save(tmp_path / "wav.npy", wav[:, :length])
+        line = debian_python(
+            str(Path(__file__).parent / "reference_check.py"), str(tmp_path / "wav.npy")
+        )
+        expected[length] = json.loads(line.splitlines()[-1])
+    for length in (wav.shape[1], cut):
+        tokens = infer(
+            triton_server,
+            "audio_tokenizer",
+            {"reference_wav": wav, "reference_wav_len": np.array([[length]], dtype=np.int32)},
+            "prompt_speech_tokens",
+        )
+        assert tokens.dtype == np.int32 and tokens.shape[0] == 1
+        assert tokens.reshape(-1).tolist() == expected[length]["tokens"]
+        assert len(expected[length]["tokens"]) == -(-length // 640)  # 25 tokens a second
+    embedding = infer(
+        triton_server, "speaker_embedding", {"reference_wav": wav}, "prompt_spk_embedding"
+    )
+    assert embedding.dtype == np.float16 and embedding.shape == (1, 192)
+    want = np.array(expected[wav.shape[1]]["embedding"], dtype=np.float32)
+    assert np.abs(want).max() > 0.01
+    np.testing.assert_allclose(embedding.reshape(-1).astype(np.float32), want, atol=2e-3, rtol=2e-3)

@@ -23,10 +23,9 @@ from cosyvoice_engine_builder.serving import repository
 from cosyvoice_engine_builder.serving.options import ServeOptions
 from cosyvoice_operator.api import spec
 from cosyvoice_operator.render import triton
-from cosyvoice_serving_models import contract
 
 from .conftest import PACKAGE_ROOT
-from .test_contract import MODELS, NOT_YET_OURS, ours, rendered_services
+from .test_contract import MODELS, NOT_YET_OURS, ours, rendered_services, written
 
 ROOT = PACKAGE_ROOT.parent
 LIST = ROOT / "serving-image" / "model-code.list"
@@ -101,7 +100,7 @@ def test_every_model_a_rendered_repository_needs_has_exactly_one_source() -> Non
     keys = [(variant, model) for variant, model, _ in entries]
     assert len(keys) == len(set(keys)), "a model is listed twice"
     source = {(variant, model): s for variant, model, s in entries}
-    written = {(contract.VARIANT_OF[m], m) for m in ours()}
+    own = written()
     rendered = rendered_models()
     assert set(rendered) == {v.value for v in Variant}
     for variant, models in rendered.items():
@@ -110,11 +109,11 @@ def test_every_model_a_rendered_repository_needs_has_exactly_one_source() -> Non
             key = (variant, model)
             if backend == "python":
                 # ours exactly when serving-models has it, upstream's exactly when not yet ours
-                assert (source[key] == "ours") == (key in written), key
+                assert (source[key] == "ours") == (key in own), key
                 assert (source[key] == "upstream") == (key in NOT_YET_OURS), key
             else:
                 assert source[key] == "backend", key
-    assert {k for k, s in source.items() if s == "ours"} == written
+    assert {k for k, s in source.items() if s == "ours"} == own
     assert {k for k, s in source.items() if s == "upstream"} == NOT_YET_OURS
 
 
