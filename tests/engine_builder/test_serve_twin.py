@@ -22,7 +22,9 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,8 +137,12 @@ def write_tritonserver(work: Path) -> Path:
     return wrapper
 
 
-@pytest.fixture
-def serving(pod: Pod, running: list[subprocess.Popen[str]]) -> Iterator[Serving]:  # noqa: F811
+@contextmanager
+def started_serving(
+    pod: Pod,  # noqa: F811
+    running: list[subprocess.Popen[str]],  # noqa: F811
+    **overrides: Any,
+) -> Iterator[Serving]:
     work = pod.tmp / "twin"
     work.mkdir()
     config, code = write_pod_repository(work)
@@ -152,6 +158,7 @@ def serving(pod: Pod, running: list[subprocess.Popen[str]]) -> Iterator[Serving]
         drain_seconds=DRAIN_SECONDS,
         # Python instances unload one after the other once the drain is over.
         exit_timeout_seconds=30,
+        **overrides,
     )
     # A stream, once its first audio is sent, goes on only when this file exists.
     hold = work / "release"
@@ -168,6 +175,22 @@ def serving(pod: Pod, running: list[subprocess.Popen[str]]) -> Iterator[Serving]
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def serving(pod: Pod, running: list[subprocess.Popen[str]]) -> Iterator[Serving]:  # noqa: F811
+    with started_serving(pod, running) as server:
+        yield server
+
+
+# A held stream (COSYVOICE_TWIN_HOLD_FILE) is a stream whose stub hangs: alive, no progress.
+STALL_SECONDS = 3
+
+
+@pytest.fixture
+def stalling(pod: Pod, running: list[subprocess.Popen[str]]) -> Iterator[Serving]:  # noqa: F811
+    with started_serving(pod, running, stall_seconds=STALL_SECONDS) as server:
+        yield server
 
 
 def test_sigterm_lets_the_stream_in_flight_finish_and_refuses_new_ones(serving: Serving) -> None:
@@ -251,6 +274,50 @@ def test_a_dead_python_stub_makes_the_pod_not_ready_until_triton_is_restarted(
     assert "Python backend stub of cosyvoice2_0_0 died or stopped" in serving.output()
     # The restarted Triton serves a whole stream.
     flow = Flow(f"127.0.0.1:{serving.grpc}", "cosyvoice2", "After the recovery.")
+    try:
+        assert flow.done.wait(60)
+        assert flow.errors == [] and flow.first_audio.is_set()
+    finally:
+        flow.close()
+
+
+def triton_restarted(serve_pid: int, before: int) -> bool:
+    with suppress(AssertionError):
+        return triton_pid(serve_pid) != before
+    return False  # between the old Triton's exit and the new one's start
+
+
+def test_a_stream_that_makes_no_progress_makes_the_pod_not_ready_until_triton_is_restarted(
+    stalling: Serving,
+) -> None:
+    """Issue 19 item 7, a wedged stub: the orchestrator's stub is alive but its stream makes
+    no progress (held after its first chunk), so no stub is dead and Triton stays ready; with
+    work in flight and no inference completing for --stall-seconds the pod turns not ready,
+    the stall is counted, Triton is restarted and the pod is ready again."""
+    url = f"127.0.0.1:{stalling.grpc}"
+    triton_before = triton_pid(stalling.process.pid)
+    held = Flow(url, "cosyvoice2", "A stream whose stub hangs after its first chunk.")
+    try:
+        assert held.first_audio.wait(60), held.errors
+        wait_until("GET /ready to answer 503", lambda: stalling.ready_status() == 503, 60)
+        wait_until(
+            "Triton to be restarted",
+            lambda: triton_restarted(stalling.process.pid, triton_before),
+            120,
+        )
+        stalling.hold.touch()  # the restarted Triton's streams run through
+        wait_until("GET /ready to answer 200 again", lambda: stalling.ready_status() == 200, 120)
+        assert held.done.wait(60) and held.errors, "the held stream ends with the old Triton"
+    finally:
+        held.close()
+    out = stalling.output()
+    assert f"made no progress for {STALL_SECONDS}s (--stall-seconds {STALL_SECONDS})" in out
+    assert "stream(s) left make no progress: stopping Triton" in out
+    counters = health.local_text(f"http://127.0.0.1:{stalling.health}/metrics") or ""
+    assert health.sample_sum(counters, "cosyvoice_serve_stalls_total") == 1
+    assert health.sample_sum(counters, "cosyvoice_serve_stub_failures_total") == 0
+    assert health.sample_sum(counters, "cosyvoice_serve_triton_restarts_total") == 1
+    flow = Flow(url, "cosyvoice2", "After the recovery.")
     try:
         assert flow.done.wait(60)
         assert flow.errors == [] and flow.first_audio.is_set()

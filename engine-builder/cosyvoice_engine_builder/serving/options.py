@@ -35,6 +35,10 @@ DEFAULT_EXIT_TIMEOUT_SECONDS = 30
 # How long a SIGTERM'd pod keeps Triton serving the streams in flight (the operator renders
 # its drain setting here, and the grace period around it).
 DEFAULT_DRAIN_SECONDS = 120
+# A stream's chunks come a few seconds apart at most (each one an inference of token2wav or
+# the vocoder, which Triton counts); a minute without any while work is in flight is a stub
+# that hangs (docs/draining-and-stub-health.md).
+DEFAULT_STALL_SECONDS = 60
 # The supervisor's own readiness endpoint (GET /ready), which the rendered probes use.
 DEFAULT_HEALTH_PORT = 8003
 
@@ -132,6 +136,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="after SIGTERM: answer not-ready, refuse new streams and keep Triton serving "
         "the streams in flight for at most this long (until the orchestrators' "
         "cosyvoice_active_streams gauge is 0), then stop Triton",
+    )
+    parser.add_argument(
+        "--stall-seconds",
+        type=_non_negative_int,
+        default=DEFAULT_STALL_SECONDS,
+        help="a stream in flight (or a request queued) while no model of Triton completes "
+        "an inference for this long is a wedged stub: not ready, Triton restarted "
+        "(0: never)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print the checks and the commands; start nothing"
@@ -236,6 +248,7 @@ class ServeOptions:
     manifest_sha256: str = ""
     health_port: int = DEFAULT_HEALTH_PORT
     drain_seconds: int = DEFAULT_DRAIN_SECONDS
+    stall_seconds: int = DEFAULT_STALL_SECONDS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeOptions:
@@ -263,6 +276,7 @@ class ServeOptions:
             manifest_sha256=args.manifest_sha256 or "",
             health_port=args.health_port,
             drain_seconds=args.drain_seconds,
+            stall_seconds=args.stall_seconds,
         )
         options.check_ports()
         return options

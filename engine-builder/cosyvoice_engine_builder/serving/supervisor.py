@@ -28,7 +28,7 @@ from types import FrameType
 from typing import IO
 
 from cosyvoice_engine_builder.progress import Console
-from cosyvoice_engine_builder.serving import health, launch, stubs
+from cosyvoice_engine_builder.serving import health, launch, progress, stubs
 from cosyvoice_engine_builder.serving.exit_codes import EXIT_SERVER_FAILED, ServerFailed
 from cosyvoice_engine_builder.serving.launch import LlmServer
 from cosyvoice_engine_builder.serving.options import ServeOptions
@@ -113,6 +113,9 @@ class Supervisor:
         self.expected_stubs: dict[str, int] | None = None
         self.stub_failure: str | None = None
         self.stub_failures = 0
+        # Streams in flight that made no progress for --stall-seconds (progress.py).
+        self.stalls = 0
+        self.watch = progress.StallWatch(options.stall_seconds)
         self.triton_restarts = 0
         self._next_stub_check = 0.0
         self._lock = threading.Lock()
@@ -296,14 +299,17 @@ class Supervisor:
             "a zombie or stopped under a ready Triton\n"
             "# TYPE cosyvoice_serve_stub_failures_total counter\n"
             f"cosyvoice_serve_stub_failures_total {self.stub_failures}\n"
+            "# HELP cosyvoice_serve_stalls_total Times the streams in flight made no progress "
+            "for --stall-seconds (a stub alive but stuck)\n"
+            "# TYPE cosyvoice_serve_stalls_total counter\n"
+            f"cosyvoice_serve_stalls_total {self.stalls}\n"
             "# HELP cosyvoice_serve_triton_restarts_total Triton restarts to recover stubs\n"
             "# TYPE cosyvoice_serve_triton_restarts_total counter\n"
             f"cosyvoice_serve_triton_restarts_total {self.triton_restarts}\n"
         )
 
-    def _in_flight(self) -> int | None:
-        text = health.local_text(self._url(self.options.metrics_port, "/metrics"))
-        return None if text is None else health.streams_in_flight(text)
+    def _metrics(self) -> str | None:
+        return health.local_text(self._url(self.options.metrics_port, "/metrics"))
 
     def _refuse_new_streams(self) -> None:
         with contextlib.suppress(OSError):
@@ -326,15 +332,23 @@ class Supervisor:
         self._wait_for_streams(triton)
         self._forward(triton)
 
-    def _wait_for_streams(self, triton: _Child) -> None:
+    def _wait_for_streams(self, triton: _Child, stuck: progress.StallWatch | None = None) -> None:
         """Until the orchestrators' gauge (plus Triton's queue) is 0, the drain time is up,
-        Triton has exited or was signalled directly, or its metrics cannot be read."""
+        Triton has exited or was signalled directly, or its metrics cannot be read; with
+        ``stuck``, also once the streams left make no progress (the hung ones alone)."""
         started = time.monotonic()
         deadline = started + self.options.drain_seconds
         unreadable, last = 0, -1
         while triton.poll() is None and not self.forwarded:
-            count = self._in_flight()
+            text = self._metrics()
+            count = None if text is None else health.streams_in_flight(text)
             now = time.monotonic()
+            seen = None if text is None else progress.reading(text)
+            if stuck is not None and stuck.observe(now, seen) is not None:
+                self.console.out(
+                    f"[serve] the {count} stream(s) left make no progress: stopping Triton"
+                )
+                return
             if count is None:
                 unreadable += 1
                 if unreadable >= _DRAIN_UNREADABLE_LIMIT:
@@ -384,17 +398,35 @@ class Supervisor:
             return []
         return stubs.failed_instances(self.expected_stubs, stubs.stubs_of(triton.process.pid))
 
-    def _recover(self, triton: _Child, failed: list[str]) -> None:
-        """A stub failed: not ready at once; the other streams finish (up to the drain
-        time), then Triton is stopped, to be started again by :meth:`run_triton`."""
-        self.stub_failures += len(failed)
-        self.stub_failure = f"Python backend stub of {', '.join(failed)} died or stopped"
+    def _check_progress(self, triton: _Child) -> float | None:
+        """Seconds the work in flight has made no progress, once over --stall-seconds
+        (:mod:`.progress`); read with the stubs, once Triton is ready."""
+        if self.expected_stubs is None or self.options.stall_seconds <= 0:
+            return None
+        text = self._metrics()
+        seen = None if text is None else progress.reading(text)
+        return self.watch.observe(time.monotonic(), seen)
+
+    def _recover(self, triton: _Child, failed: list[str], stalled: float | None = None) -> None:
+        """A stub failed, or hangs: not ready at once; the other streams finish (up to the
+        drain time; after a stall, until those left make no progress either), then Triton is
+        stopped, to be started again by :meth:`run_triton`."""
+        if stalled is None:
+            self.stub_failures += len(failed)
+            self.stub_failure = f"Python backend stub of {', '.join(failed)} died or stopped"
+        else:
+            self.stalls += 1
+            self.stub_failure = (
+                f"the streams in flight made no progress for {stalled:.0f}s "
+                f"(--stall-seconds {self.options.stall_seconds}): a Python stub hangs"
+            )
         self.console.err(
             f"[serve] {self.stub_failure}: not ready; Triton restarts once the streams in "
             f"flight are done (up to {self.options.drain_seconds}s)"
         )
         self._refuse_new_streams()
-        self._wait_for_streams(triton)
+        stuck = None if stalled is None else progress.StallWatch(self.options.stall_seconds)
+        self._wait_for_streams(triton, stuck)
         self._forward(triton)
         try:
             triton.process.wait(
@@ -416,6 +448,7 @@ class Supervisor:
             self.triton = triton
             self.expected_stubs = None
             self.stub_failure = None
+            self.watch = progress.StallWatch(self.options.stall_seconds)
             self.forwarded = False
             if self.received is not None and not self.drain_requested:
                 # A signal between the LLMs' health and Triton's start.
@@ -450,9 +483,11 @@ class Supervisor:
                     triton.process.wait()
                 self.stop_llms()
                 return result
-            failed = self._check_stubs(triton) if self.received is None else []
-            if failed:
-                self._recover(triton, failed)
+            checked = self.received is None and time.monotonic() >= self._next_stub_check
+            failed = self._check_stubs(triton) if checked else []
+            stalled = self._check_progress(triton) if checked and not failed else None
+            if failed or stalled is not None:
+                self._recover(triton, failed, stalled)
                 if self.received is None:
                     return None
                 continue  # a signal came meanwhile: Triton's exit is the pod's
