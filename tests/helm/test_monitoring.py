@@ -198,13 +198,20 @@ def test_the_pod_monitor_selects_the_pods_the_operator_renders(helm: Path, tmp_p
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert labels[monitor["spec"]["jobLabel"]] == "cosyvoice-triton"
     [container] = deployment["spec"]["template"]["spec"]["containers"]
-    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
-    [port] = [p for p in container["ports"] if p["name"] == endpoint["port"]]
-    assert port["containerPort"] == 8002
-    relabeled = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    # Triton's metrics, and cosyvoice-serve's stub-health counters on the health port.
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert {e["port"]: ports[e["port"]] for e in endpoints} == {"metrics": 8002, "health": 8003}
     pod_label = {f"__meta_kubernetes_pod_label_{sanitize(k)}": v for k, v in labels.items()}
-    assert pod_label[relabeled["service"][0]] == "cosyvoice3"
-    assert pod_label[relabeled["gpu_arch"][0]] == "sm_89"
+    for endpoint in endpoints:
+        assert endpoint["path"] == "/metrics"
+        relabeled = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+        assert pod_label[relabeled["service"][0]] == "cosyvoice3"
+        assert pod_label[relabeled["gpu_arch"][0]] == "sm_89"
+    # The NetworkPolicy the operator renders lets the scraper reach both ports.
+    [policy] = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    scraped = {p["port"] for rule in policy["spec"]["ingress"][1:] for p in rule["ports"]}
+    assert scraped == {8002, 8003}
     # The rules and the dashboard select Triton's series by the job the PodMonitor gives them,
     # and client requests by the orchestrator model of each variant.
     default = yaml.safe_load((CHART / "values.yaml").read_text())

@@ -30,8 +30,9 @@ image. It does four things in order:
    ready, every Python stub alive, not draining). SIGTERM is drained here, not in Triton
    (whose BLS calls fail once it is stopping): not ready, new streams refused, Triton kept
    serving until the orchestrators' ``cosyvoice_active_streams`` gauge is 0 or
-   ``--drain-seconds`` is up, then stopped. A dead or stopped stub (:mod:`.stubs`) makes the
-   pod not ready and Triton is restarted in place. The LLM servers the streams still need
+   ``--drain-seconds`` is up, then stopped. A dead or stopped stub (:mod:`.stubs`), or work in
+   flight that makes no progress for ``--stall-seconds`` (a hung stub, :mod:`.progress`),
+   makes the pod not ready and Triton is restarted in place. The LLM servers the streams still need
    are stopped only after Triton has exited. ``docs/draining-and-stub-health.md``.
 
 :mod:`.options` parses the command line, :mod:`.command` ties the steps together, and

@@ -9,7 +9,7 @@ is gone, a zombie, or stopped makes the pod not ready and is recovered
 (:meth:`~.supervisor.Supervisor.run_triton`).
 
 What this cannot see: a stub that is alive but stuck (a deadlock inside the model's own code
-with its process sleeping); that needs a real request per model, which is model-specific.
+with its process sleeping); :mod:`.progress` sees it by the progress it stops.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ PodDisruptionBudget and (unless turned off) the NetworkPolicy.
 
 The NetworkPolicy admits, to the serving pods, only pods of the same namespace labelled
 ``tts.cosyvoice.dev/client: <service name>`` on the inference ports (HTTP 8000, gRPC 8001),
-and the metrics scraper on the metrics port (8002) from the namespaces
+and the metrics scraper on the metrics port (8002) and the health port (8003, the serving
+entrypoint's stub-health counters) from the namespaces
 ``ServingSettings.scraper_namespace_labels`` selects (every namespace when empty). Other
 clients get in with a NetworkPolicy of their own (policies add up).
 
@@ -541,7 +542,7 @@ def render_network_policy(
     body: Mapping[str, Any], namespace: str, settings: ServingSettings
 ) -> dict[str, Any]:
     """Ingress to the service's pods: labelled clients of the namespace on HTTP and gRPC, the
-    metrics scraper on the metrics port; nothing else (see the module docstring)."""
+    metrics scraper on the metrics and health ports; nothing else (see the module docstring)."""
     name = str((body.get("metadata") or {}).get("name"))
     scraper: dict[str, Any] = {"namespaceSelector": {}}
     if settings.scraper_namespace_labels:
@@ -569,7 +570,11 @@ def render_network_policy(
                     },
                     {
                         "from": [scraper],
-                        "ports": [{"port": METRICS_PORT, "protocol": "TCP"}],
+                        "ports": [
+                            {"port": METRICS_PORT, "protocol": "TCP"},
+                            # cosyvoice-serve's stub-health counters (its GET /metrics).
+                            {"port": HEALTH_PORT, "protocol": "TCP"},
+                        ],
                     },
                 ],
             },
