@@ -52,9 +52,28 @@ def text_for(seconds: float) -> str:
     return "a" * size
 
 
+def reference_fields(seconds: float = 3.0, rate: int = 16000, seed: int = 7) -> str:
+    """JSON members for a request's reference voice (``reference_wav`` at 16 kHz, its length,
+    an empty ``reference_text``), serialized once: every request of a run names the same
+    voice, so the orchestrator's speaker cache computes it once, as for a service's few
+    voices. The project's orchestrator needs one (it has no default speaker)."""
+    rng = random.Random(seed)
+    n = int(seconds * rate)
+    wav = [
+        round(0.3 * math.sin(2 * math.pi * 220 * i / rate) + rng.gauss(0, 0.02), 4)
+        for i in range(n)
+    ]
+    return json.dumps({"reference_wav": wav, "reference_wav_len": [n], "reference_text": ""})[1:-1]
+
+
+REFERENCE = ""  # set by the sweep to reference_fields() when the orchestrator needs a voice
+
+
 async def stream(host: str, port: int, model: str, seconds: float, limit_s: float) -> Result:
     result = Result(seconds, time.monotonic())
     body = json.dumps({"target_text": text_for(seconds)}).encode()
+    if REFERENCE:
+        body = body[:-1] + b", " + REFERENCE.encode() + b"}"
     head = (
         f"POST /v2/models/{model}/generate_stream HTTP/1.1\r\nHost: {host}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"

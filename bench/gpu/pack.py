@@ -2,14 +2,22 @@
 
 - ``triton.tar.xz``: the ``tritonserver`` of the nvidia-pytriton wheel, repacked as
   ``../shared/docs/gpu.md`` says (bin, backends with the Python 3.12 stub, caches, libs);
+- ``site.tar.xz``: the Python packages the model code needs beyond the device's own
+  (upstream's library from PyPI, ``token2wav-cosyvoice``, and what its modules import; NumPy
+  1.26 for the wheel's Python 3.12 stub), installed for CPython 3.12 and packed;
 - ``repos/<point>/``: for every sweep point, the model repository the operator renders
   (``cosyvoice_operator.render.triton.render_repository``) for a CosyVoice2 service with that
-  point's serving fields, each model's code being its GPU stand-in (``bench/gpu/standins``;
-  the orchestrator is the CPU twin's, it runs on the CPU in the rendered config too) and
-  ``tensorrt_llm``'s backend switched to ``python`` (the one change, as in the CPU twin);
+  point's serving fields. With ``--code ours`` (the default since issue 20) the orchestrator
+  and ``token2wav`` run the project's own model code (``serving-models/models``: upstream's
+  flow and HiFT, the estimator as CUDA graphs) on a full-size synthetic release that
+  ``full_release.py`` writes on the device at :data:`RELEASE` (``model_dir`` and
+  ``llm_tokenizer_dir`` point there, as the serving pod's model view would); ``tensorrt_llm``,
+  ``audio_tokenizer`` and ``speaker_embedding`` stay GPU stand-ins (``bench/gpu/standins``),
+  ``tensorrt_llm``'s backend switched to ``python``. With ``--code standins`` every model is a
+  stand-in (the sweeps of issue 12);
 - ``points.json``: the points in run order; ``trace.csv``: the conversation trace.
 
-    .venv/bin/python bench/gpu/pack.py [--points grid|NAME,...]
+    .venv/bin/python bench/gpu/pack.py [--code ours|standins] [--grid issue20|issue12]
 """
 
 from __future__ import annotations
@@ -35,6 +43,29 @@ from cosyvoice_operator.render import triton
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 STANDINS = HERE / "standins"
+MODEL_CODE = ROOT / "serving-models" / "models"
+OURS = ("cosyvoice2", "token2wav")
+RELEASE = "/tmp/cv2-release"
+# What the model code imports beyond the device's packages (KINDS.md's list), pinned: upstream's
+# library as the probe of ../shared/probes/gpu-upstream-flow ran it on torch 2.11, and what
+# matcha.utils' __init__ pulls in. NumPy 1.26: the wheel's 3.12 stub misreads BYTES under 2.5.
+WHEELS = (
+    "numpy==1.26.4",
+    "token2wav-cosyvoice==0.1.0",
+    "HyperPyYAML==1.2.2",
+    "ruamel.yaml==0.18.6",
+    "ruamel.yaml.clib==0.2.15",
+    "omegaconf==2.3.0",
+    "hydra-core==1.3.2",
+    "conformer==0.3.2",
+    "diffusers==0.42.1",
+    "gdown==6.5.1",
+    "beautifulsoup4==4.15.0",
+    "soupsieve==4.1.4",
+    "importlib-metadata==10.2.0",
+)
+SDISTS = ("antlr4-python3-runtime==4.9.3", "wget==3.2")  # no wheels on PyPI: built here
+WHEEL_CACHE = Path.home() / ".cache" / "cosyvoice-operator" / "gpu-wheels"
 TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
 ENGINE_DIR = "/engines/sweep"
 
@@ -104,10 +135,32 @@ def grid() -> list[dict[str, Any]]:
     return points
 
 
-def repository(params: dict[str, Any], root: Path) -> dict[str, str]:
+def grid_issue20() -> list[dict[str, Any]]:
+    """Issue 20's points: orchestrator instances, token2wav instances per GPU, max queue delay
+    and engine max batch size; the first is the operator's rendering of a default spec."""
+    rows = [  # (orchestrator per GPU, instancesPerGpu, delay us, maxBatchSize)
+        (16, 1, 500, 16),
+        (16, 2, 500, 16),
+        (16, 4, 500, 16),
+        (16, 2, 4000, 16),
+        (8, 2, 500, 16),
+        (32, 2, 500, 32),
+        (32, 4, 500, 32),
+        (64, 4, 500, 64),
+    ]
+    return [
+        {"orchestratorPerGpu": o, "instancesPerGpu": i, "maxQueueDelayUs": d, "maxBatchSize": m}
+        for o, i, d, m in rows
+    ]
+
+
+def repository(
+    params: dict[str, Any], root: Path, code: str = "ours", release: str = RELEASE
+) -> dict[str, str]:
     svc = specs.parse(point_spec(params))
     rendered = triton.render_repository(svc, ENGINE_DIR)
     operator_count = triton.orchestrator_instances(svc)
+    paths = {"model_dir": release, "llm_tokenizer_dir": f"{release}/llm"}
     out: dict[str, str] = {}
     for name, text in rendered.items():
         config = text_format.Parse(text, mc.ModelConfig())
@@ -116,14 +169,57 @@ def repository(params: dict[str, Any], root: Path) -> dict[str, str]:
         wanted = params["orchestratorPerGpu"] * params.get("gpus", 1)
         if name == "cosyvoice2" and wanted != operator_count:
             config.instance_group[0].count = wanted
+        if code == "ours":  # where the serving pod's model view would be
+            for key, value in paths.items():
+                if key in config.parameters:
+                    config.parameters[key].string_value = value
         out[name] = text_format.MessageToString(config)
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(out[name])
-        if name == "cosyvoice2":
+        if code == "ours" and name in OURS:
+            shutil.copy(MODEL_CODE / name / "model.py", root / name / "1" / "model.py")
+        elif name == "cosyvoice2":
             cpu_twin.place_standin(name, root / name / "1")
         else:
             shutil.copy(STANDINS / name / "model.py", root / name / "1" / "model.py")
     return out
+
+
+def pack_site(into: Path) -> None:
+    """The pinned packages, installed for CPython 3.12 (x86-64) into one folder, packed."""
+    import subprocess
+    import tempfile
+
+    pip = [sys.executable, "-m", "pip"]
+    WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
+    platform = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:"]
+    for tag in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"):
+        platform += ["--platform", tag]
+    subprocess.run(
+        [*pip, "download", "-q", "--no-deps", *platform, "-d", str(WHEEL_CACHE), *WHEELS],
+        check=True,
+    )
+    subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", str(WHEEL_CACHE), *SDISTS], check=True)
+    names = [n.split("==")[0].lower().replace("-", "_").replace(".", "_") for n in WHEELS + SDISTS]
+    wheels = [
+        w
+        for w in WHEEL_CACHE.glob("*.whl")
+        if w.name.split("-")[0].lower().replace(".", "_") in names
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [*pip, "install", "-q", "--no-deps", "--no-compile", "--target", tmp, *platform]
+            + [str(w) for w in wheels],
+            check=True,
+        )
+        with tarfile.open(into, "w:xz", preset=6) as tar:
+            tar.add(
+                tmp,
+                arcname=".",
+                filter=lambda t: (
+                    None if "/tests/" in f"/{t.name}/" or "__pycache__" in t.name else t
+                ),
+            )
 
 
 def pack_triton(into: Path) -> None:
@@ -150,22 +246,27 @@ def main() -> int:
     parser.add_argument(
         "--multi-gpu", action="store_true", help="issue 13's points (1 and 2 GPUs per pod)"
     )
+    parser.add_argument("--code", choices=("ours", "standins"), default="ours")
+    parser.add_argument("--grid", choices=("issue20", "issue12"), default="issue20")
     args = parser.parse_args()
     out: Path = args.out
     if out.exists():
         for child in out.iterdir():
-            if child.name not in ("triton.tar.xz", "wheels"):
+            if child.name not in ("triton.tar.xz", "site.tar.xz"):
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "triton.tar.xz").exists():
         pack_triton(out / "triton.tar.xz")
+    if not (out / "site.tar.xz").exists():
+        pack_site(out / "site.tar.xz")
     shutil.copytree(STANDINS, out / "standins", ignore=shutil.ignore_patterns("__pycache__"))
     points = []
-    for params in multi_gpu() if args.multi_gpu else grid():
+    chosen = multi_gpu() if args.multi_gpu else grid_issue20() if args.grid == "issue20" else grid()
+    for params in chosen:
         name = name_of(params)
-        repository(params, out / "repos" / name)
+        repository(params, out / "repos" / name, args.code)
         points.append({"name": name, "params": params})
-    (out / "points.json").write_text(json.dumps(points, indent=1))
+    (out / "points.json").write_text(json.dumps({"code": args.code, "points": points}, indent=1))
     shutil.copy(TRACE, out / "trace.csv")
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{len(points)} points, {size / 2**20:.1f} MiB in {out}", file=sys.stderr)

@@ -31,9 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen
 
 MODEL = "cosyvoice2"
+ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 18000, 18001, 18002
 FRACTIONS = (0.6, 0.8, 0.95, 1.1)
+PROFILE_CONCURRENCY = (1, 4, 16)
+PROFILE_AUDIO_SECONDS = 8.0  # the trace's mean (8.4 s)
 
 
 def log(message: str) -> None:
@@ -71,10 +74,16 @@ class Server:
             ]
         )
         env["COSYVOICE_STANDIN_PATH"] = ":".join([str(self.standins), site])
+        torch_site = site
         if self.stub_prefix:  # a Python prefix (venv) whose NumPy the stubs must use
             env["PATH"] = f"{self.stub_prefix}/bin:{env.get('PATH', '')}"
             site = f"{self.stub_prefix}/lib/python3.12/site-packages"
             env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else site
+        # The project's model code (serving-models) and upstream's library, as the serving
+        # image's COSYVOICE_MODELS_PATH names them; torch from the machine's own site.
+        env["COSYVOICE_MODELS_PATH"] = ":".join(
+            dict.fromkeys([str(ROOT / "serving-models"), site, torch_site])
+        )
         argv = [
             str(self.triton / "bin" / "tritonserver"),
             f"--model-repository={self.repo}",
@@ -238,7 +247,14 @@ def measure(lengths: list[float], concurrency: int, args: argparse.Namespace) ->
         if not ok:
             break
         best = step
+    profile = concurrency_profile(args)
+    every = [*warm, *probe]
     return {
+        "requests": sum(s["requests"] for s in steps) + len(every) + profile.pop("_requests"),
+        "lost_streams": sum(s["errors"] for s in steps)
+        + sum(1 for r in every if r.error)
+        + profile.pop("_errors"),
+        "concurrency_profile": profile,
         "closed_loop_rps": round(capacity, 3),
         "closed_loop_errors": sum(1 for r in probe if r.error),
         "closed_loop_p95_first_chunk_ms": loadgen.summarize(probe, args.probe_seconds, slo)[
@@ -254,6 +270,42 @@ def measure(lengths: list[float], concurrency: int, args: argparse.Namespace) ->
     }
 
 
+def concurrency_profile(args: argparse.Namespace) -> dict[str, Any]:
+    """First chunk p50/p95 and real-time factor per stream (synthesis time / audio length)
+    with 1, 4 and 16 streams kept in flight, each of the trace's mean length."""
+    out: dict[str, Any] = {"_requests": 0, "_errors": 0}
+    for clients in PROFILE_CONCURRENCY:
+        results = asyncio.run(
+            loadgen.closed_loop(
+                HOST,
+                HTTP_PORT,
+                MODEL,
+                clients,
+                args.profile_seconds,
+                [PROFILE_AUDIO_SECONDS],
+                seed=20 + clients,
+            )
+        )
+        ok = [r for r in results if not r.error and r.first is not None and r.done is not None]
+        firsts = [r.first - r.sent for r in ok]
+        rtf = [(r.done - r.sent) / r.audio_seconds for r in ok]
+
+        def ms(v: float | None) -> float | None:
+            return None if v is None else round(1000 * v, 1)
+
+        out[str(clients)] = {
+            "requests": len(results),
+            "errors": len(results) - len(ok),
+            "p50_first_chunk_ms": ms(loadgen.percentile(firsts, 50)),
+            "p95_first_chunk_ms": ms(loadgen.percentile(firsts, 95)),
+            "p50_rtf": None if not rtf else round(loadgen.percentile(rtf, 50) or 0, 3),
+        }
+        out["_requests"] += len(results)
+        out["_errors"] += len(results) - len(ok)
+        log(f"  {clients} streams: {out[str(clients)]}")
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--triton", type=Path, required=True)
@@ -263,6 +315,7 @@ def main() -> int:
     parser.add_argument("--slo-ms", type=float, default=1000.0)
     parser.add_argument("--probe-seconds", type=float, default=6.0)
     parser.add_argument("--step-seconds", type=float, default=8.0)
+    parser.add_argument("--profile-seconds", type=float, default=5.0)
     parser.add_argument("--stub-prefix", default="", help="venv whose Python the stubs embed")
     parser.add_argument(
         "--keep-going", action="store_true", help="go on after a point fails to start"
@@ -275,7 +328,11 @@ def main() -> int:
     )
     args = parser.parse_args()
     began = time.monotonic()
-    points = json.loads((args.build / "points.json").read_text())
+    packed = json.loads((args.build / "points.json").read_text())
+    points = packed["points"] if isinstance(packed, dict) else packed
+    code = packed.get("code", "standins") if isinstance(packed, dict) else "standins"
+    if code == "ours":  # the project's orchestrator needs a voice (it has no default one)
+        loadgen.REFERENCE = loadgen.reference_fields()
     if args.points:
         wanted = args.points.split(",")
         points = [p for name in wanted for p in points if p["name"] == name]
@@ -288,6 +345,7 @@ def main() -> int:
     ).stdout.strip()
     report: dict[str, Any] = {
         "device": device,
+        "code": code,
         "slo_first_chunk_ms": args.slo_ms,
         "step_seconds": args.step_seconds,
         "audio_seconds_mean": round(sum(lengths) / len(lengths), 2),

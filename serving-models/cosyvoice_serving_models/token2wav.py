@@ -26,6 +26,9 @@ MEL_CACHE_FRAMES = 8
 SAMPLES_PER_MEL_FRAME = 480
 SOURCE_CACHE_SAMPLES = MEL_CACHE_FRAMES * SAMPLES_PER_MEL_FRAME
 BUILT = ("flow", "hift")
+# The flow's longest input, in mel frames: a prompt of up to 10 s (250 tokens) and the 750
+# speech tokens upstream's LLM may generate at most, 2 frames each.
+MAX_FLOW_FRAMES = 2 * (250 + 750)
 
 
 def flow_and_hift_yaml(text: str) -> str:
@@ -63,7 +66,13 @@ class HiftState:
 class Token2Wav:
     """flow + HiFT of one release on one device (``cpu`` or ``cuda:<i>``)."""
 
-    def __init__(self, model_dir: str | Path, device: str, yaml_name: str = "cosyvoice2.yaml"):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        device: str,
+        yaml_name: str = "cosyvoice2.yaml",
+        graphs: bool = True,
+    ):
         import torch
         from hyperpyyaml import load_hyperpyyaml  # type: ignore[import-not-found]
 
@@ -82,6 +91,22 @@ class Token2Wav:
         self.flow.to(self.device).eval()
         self.hift.to(self.device).eval()
         self.window = np.hamming(2 * SOURCE_CACHE_SAMPLES)
+        self.graphed = None
+        if graphs and self.device.type == "cuda":
+            self.graphed = self._graph_estimator()
+
+    def _graph_estimator(self) -> Any:
+        """On a GPU, the flow's estimator runs as CUDA graphs (:mod:`.flow_graphs`): upstream's
+        CFM solver calls it unchanged. None when the release's estimator has another layout."""
+        from .flow_graphs import GraphedEstimator, graphable
+
+        estimator = self.flow.decoder.estimator
+        if not graphable(estimator):
+            return None
+        graphed = GraphedEstimator(estimator, MAX_FLOW_FRAMES)
+        graphed.capture()
+        self.flow.decoder.estimator = graphed
+        return graphed
 
     def synthesize(
         self,
