@@ -120,6 +120,8 @@ def test_crd_is_established_and_structural(cluster: Cluster) -> None:
         ("cosyvoiceservices.spec.engine.precision", ["Weight and compute precision", "fp8"]),
         ("cvs.spec.serving.gpusPerReplica", ["multiple of", "tensorParallelSize"]),
         ("cvs.spec.model.uri", ["hf://ORG/NAME", "pvc://CLAIM/PATH"]),
+        ("cvs.spec.speakers.default", ["no reference audio", "engine identity"]),
+        ("cvs.spec.speakers.default.audioUri", ["pvc://CLAIM/PATH", "WAV"]),
         ("cvs.spec.autoscaling.schedules.start", ["HH:MM"]),
         ("cvs.status.engines.gpuArch", ["sm_90"]),
     ],
@@ -278,6 +280,17 @@ VALID_SPECS: list[tuple[str, Json]] = [
                         }
                     }
                 },
+            }
+        },
+    ),
+    (
+        "default-speaker",
+        {
+            "speakers": {
+                "default": {
+                    "audioUri": "pvc://voices/narrators/ann-2.wav",
+                    "transcript": "Hello, this costs $5 (or $(five)) — 你好。",
+                }
             }
         },
     ),
