@@ -2,6 +2,7 @@
 dimensions, random weights (seeded). For the CPU twin and the tests; never for speech.
 
     python -m cosyvoice_serving_models.tiny_release OUT_DIR
+    python -m cosyvoice_serving_models.tiny_release --orchestrator-files VARIANT OUT_DIR
 
 writes, as the engine builder lays out ``<engine>/model/`` (the upstream release
 ``FunAudioLLM/CosyVoice2-0.5B`` plus the HF LLM companion under ``llm/``):
@@ -182,7 +183,24 @@ def write(out: Path, seed: int = 1986) -> Path:
     return out
 
 
+def write_orchestrator_files(out: Path, variant: str) -> Path:
+    """Only what an orchestrator opens: ``<variant>.yaml`` and ``llm/tokenizer.json`` (no
+    torch: the CPU twin's closed loop, whose other models are stand-ins)."""
+    if variant not in ("cosyvoice2", "cosyvoice3"):
+        raise ValueError(f"unknown variant {variant!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{variant}.yaml").write_text(YAML)
+    write_tokenizer(out / "llm" / "tokenizer.json")
+    return out
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m cosyvoice_serving_models.tiny_release OUT_DIR")
-    print(write(Path(sys.argv[1])))
+    if len(sys.argv) == 4 and sys.argv[1] == "--orchestrator-files":
+        print(write_orchestrator_files(Path(sys.argv[3]), sys.argv[2]))
+    elif len(sys.argv) == 2:
+        print(write(Path(sys.argv[1])))
+    else:
+        sys.exit(
+            "usage: python -m cosyvoice_serving_models.tiny_release "
+            "[--orchestrator-files VARIANT] OUT_DIR"
+        )

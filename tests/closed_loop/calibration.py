@@ -3,8 +3,9 @@
 One ``tritonserver`` (CosyVoice3's CPU twin, through :class:`PodServers`) is measured in
 three steps, with :class:`LoadGenerator`'s streaming gRPC requests:
 
-1. overhead: one request at a time; what a request takes beyond the hold the orchestrator
-   is asked for (``service_seconds``, a quarter of it before the first audio);
+1. overhead: one request at a time; what a request takes beyond the service time asked for
+   (``service_seconds``: the project's orchestrator streams the stand-in LLM's answer over
+   that time, its first audio after ``firstChunkTokens`` of it);
 2. streams: many requests at once; completions per second times the time each takes gives
    the streams the pod serves concurrently (the orchestrator's instances);
 3. agreement: Poisson arrivals at a given rate; the same arrival times go through the

@@ -1,6 +1,7 @@
 """The closed-loop harness on its own: two "pods" given as a list (no cluster), a real
 tritonserver each, listed in the file_sd file, scraped by a real Prometheus, loaded by the
-generator; a pod that goes takes its process with it."""
+generator; a pod that goes takes its process with it. CosyVoice3's pods run the project's own
+orchestrator (serving-models/), so the queue latency the autoscaler reads is our code's."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from cosyvoice_operator.devtools.closedloop import cpu_twin
 from cosyvoice_operator.devtools.closedloop.harness import PodServers, ready_pods, twin_repository
-from cosyvoice_operator.devtools.closedloop.load import LoadGenerator
+from cosyvoice_operator.devtools.closedloop.load import DEFAULT_TEXT, LoadGenerator
 from cosyvoice_operator.devtools.closedloop.prometheus import Prometheus, read_targets
 from cosyvoice_operator.render import triton
 from tests.triton_twin.test_twin import parse, service
@@ -95,6 +97,10 @@ def test_two_pods_are_served_scraped_and_loaded_and_one_goes(tmp_path: Path) -> 
         assert read_targets(targets) == {
             f"127.0.0.1:{live[p].metrics_port}": (NS, p) for p in ("tts-a", "tts-b")
         }
+        # The orchestrator is the project's own, not the stand-in.
+        ours = (cpu_twin.SERVING_MODELS / "models" / "cosyvoice3" / "model.py").read_text()
+        for server in live.values():
+            assert (server.repository / "cosyvoice3" / "1" / "model.py").read_text() == ours
         prometheus.wait_up(["tts-a", "tts-b"])
         print(f"both scraped after {time.monotonic() - started:.1f}s")
         pending = prometheus.query(f'nv_inference_pending_request_count{{namespace="{NS}"}}')
@@ -130,6 +136,11 @@ def test_two_pods_are_served_scraped_and_loaded_and_one_goes(tmp_path: Path) -> 
             assert sorted(per_server) == sorted(servers.grpc_urls())
             assert min(per_server.values()) >= 5, per_server
             assert servers.llm is not None and sum(servers.llm.requests_per_server()) >= 16
+            # Our orchestrator's requests: no model name (trtllm-serve's own), max_tokens 20
+            # per token of the target text (the tiny release's tokenizer: one per byte).
+            bodies = [body for server in servers.llm.servers for body in server.requests]
+            assert all("model" not in body for body in bodies)
+            assert {body["max_tokens"] for body in bodies} == {20 * len(DEFAULT_TEXT.encode())}
 
             def both_pods_counted_successes() -> bool:
                 success = prometheus.query(
@@ -192,3 +203,45 @@ def test_a_cosyvoice2_pod_is_served_too(tmp_path: Path) -> None:
         load.stop()
         summary = load.summary()
         assert summary.failed == 0 and summary.completed >= 40, summary
+
+
+def queue_seconds_and_successes(metrics: str, model: str) -> tuple[float, float]:
+    """Triton's cumulative queue time (s) and successful requests of ``model``."""
+    values = {}
+    for line in metrics.splitlines():
+        for name in ("nv_inference_queue_duration_us", "nv_inference_request_success"):
+            if line.startswith(f'{name}{{model="{model}"'):
+                values[name] = float(line.rsplit(" ", 1)[1])
+    return values["nv_inference_queue_duration_us"] / 1e6, values["nv_inference_request_success"]
+
+
+@pytest.mark.timeout(180)
+def test_the_queue_latency_is_triton_queueing_in_front_of_our_orchestrator(
+    tmp_path: Path,
+) -> None:
+    """One pod, 2 orchestrator instances (one stream each), 4 streams at a time: two of them
+    wait in Triton's queue about a service time each, and the orchestrator's queue metric
+    (what the autoscaler reads through Prometheus) shows it. An ``async`` orchestrator, as
+    upstream's CosyVoice3 one, would show about 0 (../shared/docs/test-audit.md, P2)."""
+    service_seconds = 0.4
+    servers = PodServers(
+        service("cosyvoice3"),
+        tmp_path / "pods",
+        tmp_path / "targets.json",
+        namespace=NS,
+        pods=lambda: ["tts-q"],
+        service_seconds=service_seconds,
+    )
+    with servers, LoadGenerator(servers.grpc_urls, servers.model) as load:
+        assert servers.ours is not None
+        servers.wait_live(["tts-q"])
+        [server] = servers.live().values()
+        load.set_concurrency(4)
+        wait_until("12 requests", lambda: load.summary().completed >= 12, timeout=120)
+        load.stop()
+        assert load.summary().failed == 0
+        waited, served = queue_seconds_and_successes(server.metrics(), "cosyvoice3")
+    print(f"\nqueue: {waited:.2f} s over {served:.0f} requests")
+    assert served >= 12
+    # Past the first two, each request waits for one to finish: ~service_seconds each.
+    assert waited / served > 0.5 * service_seconds, (waited, served)

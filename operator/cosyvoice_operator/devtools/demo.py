@@ -117,8 +117,9 @@ def banner(prometheus_url: str | None, without_loop: str | None) -> str:
     simulated = (
         "SIMULATED: the GPU nodes and the pods (kwok marks them Running and Ready; no "
         "container runs), the engine builds (a build pod 'succeeds' after 3 s; no engine is "
-        "built), the models (Python stand-ins: each request holds an instance "
-        f"{SERVICE_SECONDS} s, {MAX_INSTANCES} instances per model, audio is a tone). "
+        "built), the GPU models and trtllm-serve (Python stand-ins behind the project's own "
+        f"cosyvoice3 orchestrator: each stream takes {SERVICE_SECONDS} s of the LLM stand-in, "
+        f"{MAX_INSTANCES} instances per model, audio is a tone). "
         "cosyvoice2 (fixed at 2 replicas) has no Triton behind its pods."
     )
     compressed = (

@@ -39,6 +39,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 STANDINS = Path(__file__).parent / "standins"
+# The project's own Triton model code (serving-models/ of this checkout); absent from an
+# installed wheel, where the twin runs the stand-ins alone.
+SERVING_MODELS = Path(__file__).resolve().parents[4] / "serving-models"
 
 
 def to_cpu(repository: Mapping[str, str]) -> dict[str, str]:
@@ -79,6 +82,46 @@ def place_standin(name: str, version_dir: Path) -> None:
     shutil.copy(standin, version_dir / "model.py")
     for shared in STANDINS.glob("*.py"):
         shutil.copy(shared, version_dir / shared.name)
+
+
+def our_model_code(name: str) -> Path | None:
+    """The project's own ``model.py`` for model ``name`` (``serving-models/models``), if this
+    checkout has it."""
+    path = SERVING_MODELS / "models" / name / "model.py"
+    return path if path.is_file() else None
+
+
+def write_orchestrator_files(variant: str, model_dir: Path) -> Path:
+    """What the project's orchestrator of ``variant`` opens in ``model_dir``: the release's
+    yaml (its prompt-mel check reads ``feat_extractor``) and ``llm/tokenizer.json``, those of
+    the tiny synthetic release (``cosyvoice_serving_models.tiny_release``; needs only the
+    ``tokenizers`` package, no torch)."""
+    env = dict(os.environ, PYTHONPATH=str(SERVING_MODELS))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cosyvoice_serving_models.tiny_release",
+            "--orchestrator-files",
+            variant,
+            str(model_dir),
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return model_dir
+
+
+def with_parameters(text: str, values: Mapping[str, str]) -> str:
+    """A model config with the string values of some of its parameters replaced (only keys
+    it has)."""
+    config = text_format.Parse(text, mc.ModelConfig())
+    for key, value in values.items():
+        if key in config.parameters:
+            config.parameters[key].string_value = value
+    return text_format.MessageToString(config)
 
 
 def write_repository(repository: Mapping[str, str], root: Path) -> Path:
@@ -345,8 +388,10 @@ class _ChatHandler(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
+        events = -(-count // TOKENS_PER_EVENT)
+        pause = self.server.stream_seconds / events if self.server.stream_seconds else 0.0
         for i in range(0, count, TOKENS_PER_EVENT):
-            time.sleep(self.server.event_seconds)
+            time.sleep(pause or self.server.event_seconds)
             delta = {"choices": [{"index": 0, "delta": {"content": "".join(tokens[i : i + 3])}}]}
             self.wfile.write(f"data: {json.dumps(delta)}\n\n".encode())
             self.wfile.flush()
@@ -360,11 +405,14 @@ class _ChatHandler(http.server.BaseHTTPRequestHandler):
 class _ChatServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int, event_seconds: float, served_model: str) -> None:
+    def __init__(
+        self, port: int, event_seconds: float, served_model: str, stream_seconds: float
+    ) -> None:
         super().__init__(("127.0.0.1", port), _ChatHandler)
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.event_seconds = event_seconds
+        self.stream_seconds = stream_seconds
         self.served_model = served_model
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -389,14 +437,21 @@ class LlmStandIn:
     """
 
     def __init__(
-        self, urls: list[str], event_seconds: float = EVENT_SECONDS, served_model: str = ""
+        self,
+        urls: list[str],
+        event_seconds: float = EVENT_SECONDS,
+        served_model: str = "",
+        stream_seconds: float = 0.0,
     ) -> None:
         """``event_seconds``: the pause before each streamed event of 3 tokens (the LLM's
-        speed); ``served_model``: answer only requests for this model name, as vLLM does
-        (empty: any name, as trtllm-serve)."""
+        speed); ``stream_seconds`` (when > 0): instead, each streamed answer takes this long
+        in all, spread evenly over its events (the closed loop's service time when the
+        project's orchestrator runs); ``served_model``: answer only requests for this model
+        name, as vLLM does (empty: any name, as trtllm-serve)."""
         self.urls = urls
         self.servers = [
-            _ChatServer(port, event_seconds, served_model) for port in free_ports(len(urls))
+            _ChatServer(port, event_seconds, served_model, stream_seconds)
+            for port in free_ports(len(urls))
         ]
         self.threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in self.servers]
 

@@ -9,12 +9,20 @@ This module gives them one:
 - :class:`PodServers` watches a service's Ready serving pods (``kubectl`` every second, or
   any list of names the caller provides) and runs, for every one, a real ``tritonserver`` on
   loopback serving the CPU twin of the service's model repository (rendered by
-  ``cosyvoice_operator.render.triton`` and turned CPU by :mod:`.cpu_twin`), whose
-  orchestrator holds each request for a configurable service time. It writes the live
+  ``cosyvoice_operator.render.triton`` and turned CPU by :mod:`.cpu_twin`), in which each
+  request takes a configurable service time. It writes the live
   processes to a Prometheus ``file_sd`` file, labelled ``namespace`` and ``pod`` as a
   Kubernetes scrape config labels real pods, and stops a process when its pod goes.
 - :class:`.prometheus.Prometheus` runs Debian's ``prometheus`` over that file.
 - :class:`.load.LoadGenerator` sends the streaming load.
+
+The orchestrator is the project's own (``serving-models/models/<variant>/model.py``, issue 19
+item 2: one stream per instance, so the queue latency the autoscaler reads is Triton's queue
+in front of our code) wherever this checkout has it and it runs without upstream's library:
+CosyVoice3's, whose LLM is the stand-in trtllm-serve, paced so that each stream takes the
+service time; the models behind it (token2wav, vocoder, audio tokenizer, speaker embedding)
+stay stand-ins. CosyVoice2's twin keeps the stand-in orchestrator (see
+``serving-models/README.md``, "What remains").
 
 Both variants' twins take sustained load. (CosyVoice2's orchestrator stub used to die under
 it, a Python-backend bug of the wheel's Triton that its stand-in now steps around: see
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import subprocess
 import threading
 import time
@@ -48,6 +57,8 @@ from cosyvoice_operator.render import triton
 
 # Where the rendered configs point for engine files; the stand-ins read none of them.
 ENGINE_DIR = "/engines/closed-loop"
+# The variants whose closed loop runs the project's orchestrator (see the module's docstring).
+OURS = ("cosyvoice3",)
 SERVICE_SECONDS_ENV = "COSYVOICE_TWIN_SERVICE_SECONDS"
 FIRST_CHUNK_SECONDS_ENV = "COSYVOICE_TWIN_FIRST_CHUNK_SECONDS"
 
@@ -125,9 +136,12 @@ class PodServers:
     of the file first, then its process is stopped. When ``pods`` fails (the API server
     restarting, say) nothing changes.
 
-    Each server's orchestrator holds every request ``service_seconds`` (of which
-    ``first_chunk_seconds``, default a quarter, before the first audio); every model has at
-    most ``max_instances`` instances. CosyVoice3's trtllm-serve is one shared stand-in.
+    Every request takes ``service_seconds``: with the project's orchestrator (see the module's
+    docstring) the stand-in LLM streams each answer over that time, and the first audio comes
+    after ``firstChunkTokens`` of it; with the stand-in orchestrator, it holds each request
+    that long (``first_chunk_seconds`` of it, default a quarter, before the first audio).
+    Every model has at most ``max_instances`` instances. CosyVoice3's trtllm-serve is one
+    shared stand-in.
     """
 
     def __init__(
@@ -154,7 +168,12 @@ class PodServers:
         self.poll_seconds = poll_seconds
         self.env = dict(triton.server_environment(svc))
         self.env[SERVICE_SECONDS_ENV] = str(service_seconds)
+        self.service_seconds = service_seconds
+        # The project's orchestrator, where it runs without upstream's library (CosyVoice3).
+        self.ours = cpu_twin.our_model_code(self.model) if svc.model.variant in OURS else None
         if first_chunk_seconds is not None:
+            if self.ours is not None:
+                raise ValueError("first_chunk_seconds is the stand-in orchestrator's")
             self.env[FIRST_CHUNK_SECONDS_ENV] = str(first_chunk_seconds)
         self.llm: cpu_twin.LlmStandIn | None = None
         self.failures: list[str] = []
@@ -175,13 +194,28 @@ class PodServers:
     def start(self) -> PodServers:
         urls = triton.llm_urls(self.svc)
         if urls:
-            self.llm = cpu_twin.LlmStandIn(urls).__enter__()
+            stream = self.service_seconds if self.ours is not None else 0.0
+            self.llm = cpu_twin.LlmStandIn(urls, stream_seconds=stream).__enter__()
             self.env.update(self.llm.env)
         self.work.mkdir(parents=True, exist_ok=True)
+        if self.ours is not None:
+            self._use_ours(urls)
         write_targets(self.targets, {})
         self._poller = threading.Thread(target=self._poll, name="pod-servers", daemon=True)
         self._poller.start()
         return self
+
+    def _use_ours(self, urls: list[str]) -> None:
+        """The orchestrator's config points at what the twin has in place of the pod's: the
+        tiny release's yaml and tokenizer, the stand-in LLM servers."""
+        model_dir = cpu_twin.write_orchestrator_files(self.svc.model.variant, self.work / "model")
+        values = {"model_dir": str(model_dir), "llm_tokenizer_dir": str(model_dir / "llm")}
+        if self.llm is not None:
+            remap = self.llm.remap
+            values["llm_api_base"] = remap[urls[0]]
+            values["llm_api_bases"] = ",".join(remap[url] for url in urls)
+        self.repository[self.model] = cpu_twin.with_parameters(self.repository[self.model], values)
+        self.env["COSYVOICE_MODELS_PATH"] = str(cpu_twin.SERVING_MODELS)
 
     def stop(self) -> None:
         """Stop watching, stop every process (in parallel), empty the targets file."""
@@ -244,6 +278,8 @@ class PodServers:
     def _launch(self, pod: str) -> None:
         work = self.work / f"{pod}-{next(self._serial)}"
         repository = cpu_twin.write_repository(self.repository, work / "models")
+        if self.ours is not None:
+            shutil.copy(self.ours, repository / self.model / "1" / "model.py")
         server = cpu_twin.TritonServer(repository, work, env=self.env)
         process = PodProcess(pod, server)
         self._processes[pod] = process
