@@ -149,3 +149,15 @@ def test_an_image_without_the_speaker_tool_fails_in_preflight_for_good(builder: 
     assert result.termination is not None and result.termination["step"] == "preflight"
     assert "the default speaker's tool cannot run in this image" in result.termination["message"]
     assert builder.tools_called() == []
+
+
+def test_the_dry_run_shows_the_speaker_step(builder: Builder) -> None:
+    _with_speaker(builder)
+    result = builder.run(builder.args(**_speaker_args(), dry_run=True))
+    assert result.code == 0, result.err
+    model = builder.pvc_root / "models" / "cosyvoice2"
+    assert f"[step 6/7] speaker: {builder.env['COSYVOICE_SPEAKER_PROMPT']} --model-dir {model}" in (
+        result.out
+    )
+    assert "[step 7/7] publish" in result.out
+    assert builder.tools_called() == [] and not builder.engine_dir.exists()
