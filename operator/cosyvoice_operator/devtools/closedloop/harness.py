@@ -18,11 +18,11 @@ This module gives them one:
 
 The orchestrator is the project's own (``serving-models/models/<variant>/model.py``, issue 19
 item 2: one stream per instance, so the queue latency the autoscaler reads is Triton's queue
-in front of our code) wherever this checkout has it and it runs without upstream's library:
-CosyVoice3's, whose LLM is the stand-in trtllm-serve, paced so that each stream takes the
-service time; the models behind it (token2wav, vocoder, audio tokenizer, speaker embedding)
-stay stand-ins. CosyVoice2's twin keeps the stand-in orchestrator (see
-``serving-models/README.md``, "What remains").
+in front of our code) wherever this checkout has it; both variants' run without upstream's
+library (NumPy and ``tokenizers``). Their LLM is a stand-in (CosyVoice3's trtllm-serve,
+CosyVoice2's ``tensorrt_llm`` model) paced so that each stream takes the service time; the
+models behind them (token2wav, vocoder, audio tokenizer, speaker embedding) stay stand-ins
+(CosyVoice2's token2wav stand-in takes the vocoder state our orchestrator carries).
 
 Both variants' twins take sustained load. (CosyVoice2's orchestrator stub used to die under
 it, a Python-backend bug of the wheel's Triton that its stand-in now steps around: see
@@ -58,7 +58,9 @@ from cosyvoice_operator.render import triton
 # Where the rendered configs point for engine files; the stand-ins read none of them.
 ENGINE_DIR = "/engines/closed-loop"
 # The variants whose closed loop runs the project's orchestrator (see the module's docstring).
-OURS = ("cosyvoice3",)
+OURS = ("cosyvoice2", "cosyvoice3")
+# The stand-in tensorrt_llm model streams each answer over this many seconds when set.
+STREAM_SECONDS_ENV = "COSYVOICE_TWIN_STREAM_SECONDS"
 SERVICE_SECONDS_ENV = "COSYVOICE_TWIN_SERVICE_SECONDS"
 FIRST_CHUNK_SECONDS_ENV = "COSYVOICE_TWIN_FIRST_CHUNK_SECONDS"
 
@@ -216,6 +218,7 @@ class PodServers:
             values["llm_api_bases"] = ",".join(remap[url] for url in urls)
         self.repository[self.model] = cpu_twin.with_parameters(self.repository[self.model], values)
         self.env["COSYVOICE_MODELS_PATH"] = str(cpu_twin.SERVING_MODELS)
+        self.env[STREAM_SECONDS_ENV] = str(self.service_seconds)
 
     def stop(self) -> None:
         """Stop watching, stop every process (in parallel), empty the targets file."""

@@ -8,12 +8,15 @@ It answers the way the backend does for upstream's orchestrator: ``output_ids`` 
 in-flight batching, concurrent streams progress together (one thread each).
 
 It "generates" 3 speech tokens per text token of the prompt (at least 20, at most
-``request_output_len``): token i is ORIGINAL_VOCAB_SIZE + i, a few at a time.
+``request_output_len``): token i is ORIGINAL_VOCAB_SIZE + i, a few at a time: a step every
+2 ms, or, when ``COSYVOICE_TWIN_STREAM_SECONDS`` is set (the closed loop running the
+project's own orchestrator), its steps spread evenly over that many seconds.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from typing import Any
@@ -85,8 +88,10 @@ class TritonPythonModel:
             steps = [
                 tokens[i : i + TOKENS_PER_STEP] for i in range(0, len(tokens), TOKENS_PER_STEP)
             ]
+            stream_seconds = float(os.environ.get("COSYVOICE_TWIN_STREAM_SECONDS") or 0)
+            pause = stream_seconds / len(steps) if stream_seconds else STEP_SECONDS
             for i, step in enumerate(steps):
-                time.sleep(STEP_SECONDS)
+                time.sleep(pause)
                 sender.send(outputs(step), flags=final if i == len(steps) - 1 else 0)
         except Exception as exc:  # reported to the caller as a response
             sender.send(

@@ -5,7 +5,12 @@ Which variant it stands in for is read from the config it is loaded with:
 - output ``waveform`` (CosyVoice2): speech tokens in, audio [1, S] FP32 at 24 kHz out. Like
   upstream's it keeps per-stream state keyed by the request id (upstream: the vocoder cache)
   and so needs the chunks of one stream in order and a unique id per stream: a chunk whose
-  ``token_offset`` is not where the stream's previous chunk ended is an error here.
+  ``token_offset`` is not where the stream's previous chunk ended is an error here. A chunk
+  without a request id (the project's own orchestrator, ``serving-models/``) is served as
+  the project's token2wav serves it, keeping nothing: the stream's state comes in
+  ``hift_cache_*`` and goes out in ``hift_next_*`` (here ``hift_next_speech`` carries the
+  token the next chunk must start at; mel and source are placeholders), with the same
+  ordering check against it.
 - output ``mel`` (CosyVoice3): speech tokens in, a mel spectrogram [80, F] out (2 frames per
   token), stateless as upstream's.
 
@@ -59,7 +64,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                responses.append(pb_utils.InferenceResponse([self._one(request)]))
+                responses.append(pb_utils.InferenceResponse(self._one(request)))
             except Exception as exc:  # reported to the caller as a response
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
         return responses
@@ -79,15 +84,36 @@ class TritonPythonModel:
         count = tokens.shape[-1] - offset - (0 if finalize else LOOKAHEAD_TOKENS)
         if count <= 0:
             raise ValueError(f"no tokens to synthesise: {tokens.shape[-1]} from offset {offset}")
-        if offset_tensor is not None and not self.mel:
+        carried = offset_tensor is not None and not self.mel and not request.request_id()
+        if carried:
+            self._check_carried(request, offset)
+        elif offset_tensor is not None and not self.mel:
             self._advance(request.request_id(), offset, count, finalize)
         time.sleep(WORK_SECONDS)
         if self.mel:
             first = offset * MEL_FRAMES_PER_TOKEN
             frames = np.arange(first, first + count * MEL_FRAMES_PER_TOKEN, dtype=np.float32)
-            return pb_utils.Tensor("mel", np.tile(frames, (1, MEL_BINS, 1)))
+            return [pb_utils.Tensor("mel", np.tile(frames, (1, MEL_BINS, 1)))]
         audio = tone(offset * SAMPLES_PER_TOKEN, count * SAMPLES_PER_TOKEN)
-        return pb_utils.Tensor("waveform", audio.reshape(1, -1))
+        out = [pb_utils.Tensor("waveform", audio.reshape(1, -1))]
+        if carried and not finalize:
+            out += [
+                pb_utils.Tensor("hift_next_mel", np.zeros((1, MEL_BINS, 1), dtype=np.float32)),
+                pb_utils.Tensor("hift_next_source", np.zeros((1, 1), dtype=np.float32)),
+                pb_utils.Tensor("hift_next_speech", np.array([[offset + count]], np.float32)),
+            ]
+        return out
+
+    @staticmethod
+    def _check_carried(request: Any, offset: int) -> None:
+        """A chunk of a stream whose state travels with it: it starts where the state says."""
+        state = pb_utils.get_input_tensor_by_name(request, "hift_cache_speech")
+        expected = 0 if state is None else int(host_array(state).reshape(-1)[0])
+        if offset != expected:
+            raise ValueError(
+                f"chunk at token {offset}, but its vocoder state is for token {expected} "
+                "(chunks out of order, or a stream's state lost)"
+            )
 
     def _advance(self, request_id: str, offset: int, count: int, finalize: bool) -> None:
         if not request_id:
