@@ -461,7 +461,14 @@ class Pipeline:
             text = speaker_step.transcript_file(work)
             text.parent.mkdir(parents=True, exist_ok=True)
             text.write_text(r.default_speaker.transcript if r.default_speaker else "", "utf-8")
-            self._run_tool(log, argv)
+            try:
+                self._run_tool(log, argv)
+            except CommandFailed as exc:
+                if exc.result is not None and exc.result.returncode == 2:
+                    # The tool's own refusal (not a WAV, too short or long): retrying cannot help.
+                    tail = "; ".join(exc.tail()[-3:])
+                    raise BuildFailed("speaker", f"{exc}: {tail}", permanent=True) from exc
+                raise
 
         self._step(index, "speaker", digest, [out], action, clean=[out])
         return out, audio_sha256

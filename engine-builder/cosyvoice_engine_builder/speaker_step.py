@@ -1,9 +1,9 @@
 """The ``speaker`` step: the default speaker's prompt features (issue 19, item 5).
 
 With ``--default-speaker-audio pvc://CLAIM/PATH --default-speaker-transcript TEXT`` the
-build runs, after the plans, the serving models' ``speaker_prompt`` tool (upstream's library,
-in the builder image) on the release it fetched: the recording's speech tokens, speaker
-embedding and prompt mel, into one NumPy file that is published as
+build runs, after the plans, the serving models' ``speaker_prompt`` tool on the release it
+fetched: the recording's speech tokens, speaker embedding and prompt mel, computed by the
+serving pod's own code for a reference recording, into one NumPy file that is published as
 ``speakers/default.npz`` of the engine directory. The manifest lists it with its SHA-256
 like every file, names it in ``layout.defaultSpeaker``, and records where it came from under
 ``speakers.default`` (the audio's URI and SHA-256, the transcript). The serving pods' gate
@@ -35,8 +35,9 @@ class SpeakerAudioMissing(Exception):
     """The recording is not where the request says (a permanent failure)."""
 
 
-# What the default tool imports: our package and upstream's frontend with its ONNX Runtime.
-_IMPORTS = (TOOL_MODULE, "cosyvoice.cli.frontend", "onnxruntime", "torchaudio")
+# What the default tool imports: the serving models' package and the libraries of the
+# audio_tokenizer and speaker_embedding models it computes with.
+_IMPORTS = (TOOL_MODULE, "s3tokenizer", "onnxruntime", "torchaudio")
 
 
 def require_tool(
@@ -44,8 +45,8 @@ def require_tool(
 ) -> None:
     """In preflight, before any GPU work: the tool runs in this image (ToolchainError if not).
 
-    The builder image does not install upstream's library yet (engine-builder/README.md):
-    there, a build with a default speaker fails here, for good, saying so."""
+    The builder image does not install these yet (engine-builder/README.md): there, a
+    build with a default speaker fails here, for good, saying so."""
     prefix = environ.get("COSYVOICE_SPEAKER_PROMPT")
     if prefix:
         require_executable(shlex.split(prefix)[0], "COSYVOICE_SPEAKER_PROMPT", environ)

@@ -112,17 +112,18 @@ def load_prompt(path: Path) -> Prompt:
     """The default speaker's file; ValueError naming the file when it is not one."""
     try:
         with np.load(path, allow_pickle=False) as data:
-            missing = [name for name in PROMPT_FIELDS if name not in data.files]
-            if missing:
-                raise ValueError(f"{path}: not a speaker prompt file (no {', '.join(missing)})")
-            prompt = aligned(
-                str(data["prompt_text"]),
-                data["flow_prompt_speech_token"],
-                data["prompt_speech_feat"],
-                data["flow_embedding"],
-            )
-    except (OSError, EOFError) as exc:
+            arrays = {name: data[name] for name in PROMPT_FIELDS if name in data.files}
+    except (OSError, EOFError, ValueError) as exc:  # ValueError: not an .npz (pickled data)
         raise ValueError(f"{path}: cannot read the default speaker: {exc}") from exc
+    missing = [name for name in PROMPT_FIELDS if name not in arrays]
+    if missing:
+        raise ValueError(f"{path}: not a speaker prompt file (no {', '.join(missing)})")
+    prompt = aligned(
+        str(arrays["prompt_text"]),
+        arrays["flow_prompt_speech_token"],
+        arrays["prompt_speech_feat"],
+        arrays["flow_embedding"],
+    )
     if prompt.speech_tokens.size == 0 or prompt.speech_feat.shape[1] != 80:
         raise ValueError(
             f"{path}: the default speaker has {prompt.speech_tokens.size} speech tokens and "

@@ -207,7 +207,14 @@ def new_builder(tmp_path: Path, capsys: pytest.CaptureFixture[str] | None) -> Bu
             "AWS_CLI": str(tmp_path / "absent" / "aws"),
         }
     )
-    for name in ("FAKE_FAIL", "FAKE_FAIL_ARG", "FAKE_LEAK", "FAKE_NO_OUTPUT", "FAKE_SLEEP"):
+    for name in (
+        "FAKE_FAIL",
+        "FAKE_FAIL_ARG",
+        "FAKE_FAIL_CODE",
+        "FAKE_LEAK",
+        "FAKE_NO_OUTPUT",
+        "FAKE_SLEEP",
+    ):
         env.pop(name, None)
     pvc_root = tmp_path / "models"
     make_model(pvc_root / "models" / "cosyvoice2", "cosyvoice2")

@@ -5,7 +5,8 @@ The tests write tiny wrappers that call :func:`main` with the tool's name. Each 
 appended to ``$CALL_LOG`` as one JSON line; outputs are created where the real tool would
 put them. Behaviour switches, all through the environment:
 
-- ``FAKE_FAIL=<tool>``: print ``FAKE_STDERR_LINES`` lines to stderr and exit 3
+- ``FAKE_FAIL=<tool>``: print ``FAKE_STDERR_LINES`` lines to stderr and exit 3 (or
+  ``FAKE_FAIL_CODE``)
   (only calls with an argument containing ``FAKE_FAIL_ARG``, when that is set)
 - ``FAKE_LEAK``: a string printed to stderr by a failing tool (a leaked secret)
 - ``FAKE_NO_OUTPUT=<tool>``: exit 0 without producing anything
@@ -67,7 +68,7 @@ def main(tool: str) -> None:
         if os.environ.get("FAKE_LEAK"):
             print(f"auth header: Bearer {os.environ['FAKE_LEAK']}", file=sys.stderr)
         print(f"{tool}: fatal: simulated failure", file=sys.stderr)
-        raise SystemExit(3)
+        raise SystemExit(int(os.environ.get("FAKE_FAIL_CODE", "3")))
     if os.environ.get("FAKE_NO_OUTPUT") == tool:
         return
 

@@ -161,3 +161,15 @@ def test_the_dry_run_shows_the_speaker_step(builder: Builder) -> None:
     )
     assert "[step 7/7] publish" in result.out
     assert builder.tools_called() == [] and not builder.engine_dir.exists()
+
+
+def test_a_recording_the_tool_refuses_fails_for_good(builder: Builder) -> None:
+    """speaker_prompt exits 2 for a file that is not a PCM WAV or is too short or long:
+    retrying cannot help, so the build fails with exit 2 and the tool's words."""
+    _with_speaker(builder)
+    result = builder.build(
+        env_extra={"FAKE_FAIL": "speaker-prompt", "FAKE_FAIL_CODE": "2"}, **_speaker_args()
+    )
+    assert result.code == 2
+    assert result.termination is not None and result.termination["step"] == "speaker"
+    assert "simulated failure" in result.termination["message"]
