@@ -149,7 +149,7 @@ def infer(server: Any, model: str, values: dict[str, Any], output: str) -> Any:
         client.close()
 
 
-def samples(server: Any, values: dict[str, Any]) -> int:
+def samples(server: Any, values: dict[str, Any], model: str = "cosyvoice2") -> int:
     """The audio of one stream, all of it."""
     import tritonclient.grpc as grpcclient
 
@@ -158,7 +158,7 @@ def samples(server: Any, values: dict[str, Any]) -> int:
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     total = 0
     try:
-        client.async_stream_infer("cosyvoice2", tensors(values), enable_empty_final_response=True)
+        client.async_stream_infer(model, tensors(values), enable_empty_final_response=True)
         while True:
             result, error = results.get(timeout=300)
             assert error is None, f"{error}\n{server.log_tail()}"
