@@ -162,33 +162,6 @@ def test_every_identity_field_enters_the_key() -> None:
     assert len(keys) == len(changed)
 
 
-def test_a_default_speaker_enters_the_key_only_while_set() -> None:
-    """Absent, the key is the one every engine had before spec.speakers existed; set, its
-    audio path and transcript each make another engine (the prompt file is in its dir)."""
-    plain = engine_identity.identity(service(), "sm_90", "img:1")
-    assert "speaker_audio_uri" not in plain.canonical()
-    assert engine_identity.identity(service(speakers={}), "sm_90", "img:1").key == plain.key
-    keys = {
-        engine_identity.identity(
-            service(speakers={"default": {"audioUri": uri, "transcript": text}}), "sm_90", "img:1"
-        ).key
-        for uri, text in [
-            ("pvc://v/a.wav", "Hi."),
-            ("pvc://v/b.wav", "Hi."),
-            ("pvc://v/a.wav", "Yo."),
-        ]
-    }
-    assert len(keys) == 3 and plain.key not in keys
-    ident = engine_identity.identity(
-        service(speakers={"default": {"audioUri": "pvc://v/a.wav", "transcript": "Hi."}}),
-        "sm_90",
-        "img:1",
-    )
-    data = engine_identity.identity_to_dict(ident)
-    assert data["speakerAudioUri"] == "pvc://v/a.wav" and data["speakerTranscript"] == "Hi."
-    assert engine_identity.identity_from_dict(data) == ident
-
-
 KEEPS_KEY: list[tuple[str, dict[str, Any]]] = [
     ("serving-image", raw_spec(serving={"image": "nvcr.io/triton:custom"})),
     ("gpus-per-replica", raw_spec(serving={"gpusPerReplica": 4})),

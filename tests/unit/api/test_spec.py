@@ -667,32 +667,3 @@ def test_credentials_secret_must_be_a_secret_name(secret: str) -> None:
     with pytest.raises(SpecError) as err:
         spec.parse(raw_spec(model={"credentialsSecret": secret}))
     assert err.value.field == "spec.model.credentialsSecret"
-
-
-def test_a_default_speaker_is_read_and_absent_by_default() -> None:
-    assert spec.parse(raw_spec()).speakers.default is None
-    assert spec.parse(raw_spec(speakers={})).speakers.default is None
-    read = spec.parse(
-        raw_spec(speakers={"default": {"audioUri": "pvc://voices/a/b.wav", "transcript": "Hi."}})
-    ).speakers.default
-    assert read == spec.DefaultSpeaker("pvc://voices/a/b.wav", "Hi.")
-    assert read is not None and read.pvc_claim == "voices"
-
-
-@pytest.mark.parametrize(
-    ("default", "field"),
-    [
-        ({"audioUri": "s3://voices/a.wav", "transcript": "Hi."}, "audioUri"),
-        ({"audioUri": "pvc://voices", "transcript": "Hi."}, "audioUri"),
-        ({"audioUri": "pvc://voices/../a.wav", "transcript": "Hi."}, "audioUri"),
-        ({"audioUri": "pvc://voices/$(X).wav", "transcript": "Hi."}, "audioUri"),
-        ({"audioUri": "pvc://voices/a.wav", "transcript": ""}, "transcript"),
-        ({"audioUri": "pvc://voices/a.wav", "transcript": "   "}, "transcript"),
-        ({"audioUri": "pvc://voices/a.wav", "transcript": "two\nlines"}, "transcript"),
-        ({"audioUri": "pvc://voices/a.wav", "transcript": "x" * 2001}, "transcript"),
-    ],
-)
-def test_a_bad_default_speaker_is_refused_naming_the_field(default: dict, field: str) -> None:
-    with pytest.raises(SpecError) as info:
-        spec.parse(raw_spec(speakers={"default": default}))
-    assert info.value.field == f"spec.speakers.default.{field}"
