@@ -212,3 +212,12 @@ def test_the_reference_models_answer_what_upstreams_computation_gives(
     want = np.array(expected[wav.shape[1]]["embedding"], dtype=np.float32)
     assert np.abs(want).max() > 0.01
     np.testing.assert_allclose(embedding.reshape(-1).astype(np.float32), want, atol=2e-3, rtol=2e-3)
+    # A bad length is that request's error, and the instance serves on.
+    from tritonclient.utils import InferenceServerException
+
+    bad = {"reference_wav": wav, "reference_wav_len": np.array([[0]], dtype=np.int32)}
+    with pytest.raises(InferenceServerException, match=r"outside 1\.\.32000"):
+        infer(triton_server, "audio_tokenizer", bad, "prompt_speech_tokens")
+    again = {"reference_wav": wav, "reference_wav_len": np.array([[cut]], dtype=np.int32)}
+    tokens = infer(triton_server, "audio_tokenizer", again, "prompt_speech_tokens")
+    assert tokens.reshape(-1).tolist() == expected[cut]["tokens"]

@@ -67,6 +67,7 @@ class TritonPythonModel:
     def execute(self, requests: list[Any]) -> list[Any]:
         wavs: dict[int, Any] = {}
         errors: dict[int, str] = {}
+        done: dict[int, Any] = {}
         for index, request in enumerate(requests):
             try:
                 wavs[index] = reference(request)
@@ -77,7 +78,6 @@ class TritonPythonModel:
                 tokens = speech_tokenizer.tokenize(self.tokenizer, list(wavs.values()), self.device)
                 done = dict(zip(wavs, tokens, strict=True))
             except Exception as exc:
-                done = {}
                 errors.update({index: str(exc) for index in wavs})
         responses = []
         for index in range(len(requests)):
