@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "serving-models"))  # as pack.py lays out the build
+sys.path.insert(0, str(HERE / "build" / "serving-models"))  # pack.py's copy
 
 # Upstream's conf at ace7c47, the entries the serving code builds or reads; seeds and the
 # training-only entries left out.

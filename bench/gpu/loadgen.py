@@ -53,17 +53,17 @@ def text_for(seconds: float) -> str:
 
 
 def reference_fields(seconds: float = 3.0, rate: int = 16000, seed: int = 7) -> str:
-    """JSON members for a request's reference voice (``reference_wav`` at 16 kHz, its length,
-    an empty ``reference_text``), serialized once: every request of a run names the same
-    voice, so the orchestrator's speaker cache computes it once, as for a service's few
-    voices. The project's orchestrator needs one (it has no default speaker)."""
+    """JSON members for a request's reference voice (``reference_wav`` at 16 kHz and its length;
+    no ``reference_text``, which the orchestrator takes as empty), serialized once: every
+    request of a run names the same voice, so the orchestrator's speaker cache computes it
+    once, as for a service's few voices."""
     rng = random.Random(seed)
     n = int(seconds * rate)
     wav = [
         round(0.3 * math.sin(2 * math.pi * 220 * i / rate) + rng.gauss(0, 0.02), 4)
         for i in range(n)
     ]
-    return json.dumps({"reference_wav": wav, "reference_wav_len": [n], "reference_text": ""})[1:-1]
+    return json.dumps({"reference_wav": wav, "reference_wav_len": [n]})[1:-1]
 
 
 REFERENCE = ""  # set by the sweep to reference_fields() when the orchestrator needs a voice

@@ -66,6 +66,20 @@ WHEELS = (
 )
 SDISTS = ("antlr4-python3-runtime==4.9.3", "wget==3.2")  # no wheels on PyPI: built here
 WHEEL_CACHE = Path.home() / ".cache" / "cosyvoice-operator" / "gpu-wheels"
+# The orchestrator is the one model that reads BYTES inputs (target_text, reference_text),
+# which this Triton's Python 3.12 stub misreads under NumPy 2 (run 0, bench/README.md); the
+# GPU models need the device's NumPy 2 (its SciPy, which HiFT imports, is built for it). So
+# the orchestrator alone gets NumPy 1.26 first, through the Python backend's per-model stub:
+# a ``triton_python_backend_stub`` in the model's directory, here a wrapper around the real one.
+# COSYVOICE_ORCHESTRATOR_NUMPY is a venv whose site-packages holds NumPy 1.26: the stub finds
+# its Python prefix through PATH (how run 4's stubs got NumPy 1.26) and, where it reads it,
+# PYTHONPATH; both name it first.
+ORCHESTRATOR_STUB = """#!/bin/sh
+env="${COSYVOICE_ORCHESTRATOR_NUMPY:?}"
+export PATH="$env/bin:$PATH"
+export PYTHONPATH="$env/lib/python3.12/site-packages${PYTHONPATH:+:$PYTHONPATH}"
+exec "${COSYVOICE_PYTHON_STUB:?}" "$@"
+"""
 TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
 ENGINE_DIR = "/engines/sweep"
 
@@ -178,6 +192,10 @@ def repository(
         (root / name / "config.pbtxt").write_text(out[name])
         if code == "ours" and name in OURS:
             shutil.copy(MODEL_CODE / name / "model.py", root / name / "1" / "model.py")
+        if code == "ours" and name == "cosyvoice2":
+            stub = root / name / "triton_python_backend_stub"  # the model's directory
+            stub.write_text(ORCHESTRATOR_STUB)
+            stub.chmod(0o755)
         elif name == "cosyvoice2":
             cpu_twin.place_standin(name, root / name / "1")
         else:
@@ -186,7 +204,9 @@ def repository(
 
 
 def pack_site(into: Path) -> None:
-    """The pinned packages, installed for CPython 3.12 (x86-64) into one folder, packed."""
+    """The pinned packages, installed for CPython 3.12 (x86-64) and packed: ``site/`` (what the
+    model code imports beyond the device's packages) and ``np126/`` (NumPy 1.26 alone, which
+    only the orchestrator's stub puts first: see :data:`ORCHESTRATOR_STUB`)."""
     import subprocess
     import tempfile
 
@@ -200,26 +220,32 @@ def pack_site(into: Path) -> None:
         check=True,
     )
     subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", str(WHEEL_CACHE), *SDISTS], check=True)
-    names = [n.split("==")[0].lower().replace("-", "_").replace(".", "_") for n in WHEELS + SDISTS]
-    wheels = [
-        w
-        for w in WHEEL_CACHE.glob("*.whl")
-        if w.name.split("-")[0].lower().replace(".", "_") in names
-    ]
+
+    def wheels(specs: tuple[str, ...]) -> list[str]:
+        names = {n.split("==")[0].lower().replace("-", "_").replace(".", "_") for n in specs}
+        return [
+            str(w)
+            for w in WHEEL_CACHE.glob("*.whl")
+            if w.name.split("-")[0].lower().replace(".", "_") in names
+        ]
+
+    numpy = tuple(w for w in WHEELS if w.startswith("numpy=="))
+    rest = tuple(w for w in WHEELS if w not in numpy) + SDISTS
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            [*pip, "install", "-q", "--no-deps", "--no-compile", "--target", tmp, *platform]
-            + [str(w) for w in wheels],
-            check=True,
-        )
-        with tarfile.open(into, "w:xz", preset=6) as tar:
-            tar.add(
-                tmp,
-                arcname=".",
-                filter=lambda t: (
-                    None if "/tests/" in f"/{t.name}/" or "__pycache__" in t.name else t
-                ),
+        for folder, specs in (("site", rest), ("np126", numpy)):
+            install = [*pip, "install", "-q", "--no-deps", "--no-compile"]
+            subprocess.run(
+                [*install, "--target", f"{tmp}/{folder}", *platform, *wheels(specs)], check=True
             )
+        with tarfile.open(into, "w:xz", preset=6) as tar:
+            for folder in ("site", "np126"):
+                tar.add(
+                    f"{tmp}/{folder}",
+                    arcname=folder,
+                    filter=lambda t: (
+                        None if "/tests/" in f"/{t.name}/" or "__pycache__" in t.name else t
+                    ),
+                )
 
 
 def pack_triton(into: Path) -> None:
@@ -260,6 +286,12 @@ def main() -> int:
     if not (out / "site.tar.xz").exists():
         pack_site(out / "site.tar.xz")
     shutil.copytree(STANDINS, out / "standins", ignore=shutil.ignore_patterns("__pycache__"))
+    # The model code's package, as of this pack (the sweep and the scripts import this copy).
+    shutil.copytree(
+        MODEL_CODE.parent / "cosyvoice_serving_models",
+        out / "serving-models" / "cosyvoice_serving_models",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     points = []
     chosen = multi_gpu() if args.multi_gpu else grid_issue20() if args.grid == "issue20" else grid()
     for params in chosen:

@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen
 
 MODEL = "cosyvoice2"
-ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 18000, 18001, 18002
 FRACTIONS = (0.6, 0.8, 0.95, 1.1)
@@ -78,12 +77,18 @@ class Server:
         if self.stub_prefix:  # a Python prefix (venv) whose NumPy the stubs must use
             env["PATH"] = f"{self.stub_prefix}/bin:{env.get('PATH', '')}"
             site = f"{self.stub_prefix}/lib/python3.12/site-packages"
-            env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else site
+            # the packed library, then the machine's torch site (its NumPy: the GPU models need
+            # NumPy 2; the orchestrator's stub puts 1.26 first, pack.ORCHESTRATOR_STUB)
+            path = ":".join([site, torch_site, *filter(None, [env.get("PYTHONPATH")])])
+            env["PYTHONPATH"] = path
         # The project's model code (serving-models) and upstream's library, as the serving
         # image's COSYVOICE_MODELS_PATH names them; torch from the machine's own site.
-        env["COSYVOICE_MODELS_PATH"] = ":".join(
-            dict.fromkeys([str(ROOT / "serving-models"), site, torch_site])
+        env["COSYVOICE_PYTHON_STUB"] = str(
+            self.triton / "backends/python/triton_python_backend_stub"
         )
+        env["COSYVOICE_ORCHESTRATOR_NUMPY"] = os.environ.get("COSYVOICE_ORCHESTRATOR_NUMPY", "")
+        code = self.repo.parents[1] / "serving-models"  # pack.py's copy of the package
+        env["COSYVOICE_MODELS_PATH"] = ":".join(dict.fromkeys([str(code), site, torch_site]))
         argv = [
             str(self.triton / "bin" / "tritonserver"),
             f"--model-repository={self.repo}",

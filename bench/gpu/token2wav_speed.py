@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "serving-models"))
+sys.path.insert(0, str(HERE / "build" / "serving-models"))  # pack.py's copy
 
 PROMPT_TOKENS = 75  # a 3-s reference
 REPEATS = 10

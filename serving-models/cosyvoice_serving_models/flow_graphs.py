@@ -154,10 +154,17 @@ class GraphedEstimator:
     """Drop-in for ``flow.decoder.estimator``: a torch module whose call pads the frames up to
     a multiple of ``bucket`` and replays that length's CUDA graph (captured in
     :meth:`capture`, each replayed once there, so a bad one fails at load, not under load).
-    Longer inputs, and any call before capture, run :func:`estimate` eagerly."""
+    Longer inputs, and any call before capture, run :func:`estimate` eagerly. With ``dtype``
+    (float16, as upstream builds the estimator's TensorRT plan) the estimator's weights are
+    converted and each call's inputs cast to it, its output back to the caller's type."""
 
-    def __new__(cls, est: Any, max_frames: int, bucket: int = BUCKET_FRAMES) -> Any:
+    def __new__(
+        cls, est: Any, max_frames: int, bucket: int = BUCKET_FRAMES, dtype: Any = None
+    ) -> Any:
         import torch
+
+        if dtype is not None:
+            est.to(dtype)
 
         class _Module(torch.nn.Module):
             def __init__(self) -> None:

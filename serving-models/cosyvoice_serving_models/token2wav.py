@@ -103,7 +103,12 @@ class Token2Wav:
         estimator = self.flow.decoder.estimator
         if not graphable(estimator):
             return None
-        graphed = GraphedEstimator(estimator, MAX_FLOW_FRAMES)
+        # float16, as upstream builds the estimator's TensorRT plan (fp16=True); the encoder
+        # and HiFT stay float32, their matrix products in TF32.
+        torch = self.torch
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        graphed = GraphedEstimator(estimator, MAX_FLOW_FRAMES, dtype=torch.float16)
         graphed.capture()
         self.flow.decoder.estimator = graphed
         return graphed
