@@ -41,7 +41,9 @@ VARIATIONS: tuple[tuple[str, dict[str, float]], ...] = (
     ("cold start 60 s", {"cold_start_s": 60.0}),
     ("cold start 180 s (default)", {}),
     ("cold start 600 s", {"cold_start_s": 600.0}),
-    ("scrape 60 s", {"scrape_interval_s": 60.0}),
+    # Prometheus' rate() needs two samples in its range: with a 60 s scrape, a 240 s range
+    # (4 scrapes, the usual advice); a 60 s range would hold no rate at all.
+    ("scrape 60 s, rate window 240 s", {"scrape_interval_s": 60.0, "rate_window_s": 240.0}),
     ("load x1", {"multiplier": 1.0}),
     ("load x20", {"multiplier": 20.0}),
 )
@@ -124,7 +126,11 @@ def sensitivity(args: argparse.Namespace) -> int:
         if "cold_start_s" in change:
             config = replace(config, cold_start_s=change["cold_start_s"])
         if "scrape_interval_s" in change:
-            prom = replace(config.prometheus, scrape_interval_s=change["scrape_interval_s"])
+            prom = replace(
+                config.prometheus,
+                scrape_interval_s=change["scrape_interval_s"],
+                rate_window_s=change.get("rate_window_s", config.prometheus.rate_window_s),
+            )
             config = replace(config, prometheus=prom)
         exp = replace(exp, evals=exp.evals[:1], config=config, jobs=args.jobs)
         result = ex.run_experiment(exp)
