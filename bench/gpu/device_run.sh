@@ -29,8 +29,10 @@ if [ ! -d "$SITE" ]; then
 fi
 # NumPy 1.26 for the orchestrator's stub alone (pack.py, ORCHESTRATOR_STUB): a venv holding it.
 export COSYVOICE_ORCHESTRATOR_NUMPY=/tmp/orchenv
-if [ ! -d /tmp/orchenv ]; then
-  python3 -m venv --without-pip /tmp/orchenv && cp -a /tmp/py/np126/. /tmp/orchenv/lib/python3.12/site-packages/ || exit 3
+if [ ! -e /tmp/orchenv/numpy126 ]; then
+  rm -rf /tmp/orchenv
+  python3 -m venv --without-pip /tmp/orchenv && cp -a /tmp/py/np126/. /tmp/orchenv/lib/python3.12/site-packages/ &&
+    ln -s /tmp/orchenv/lib/python3.12/site-packages /tmp/orchenv/numpy126 || exit 3
 fi
 # The scripts see what the GPU models' stubs see: the packed library, the device's NumPy.
 run_py() { PYTHONPATH="$SITE" python3 "$@"; }

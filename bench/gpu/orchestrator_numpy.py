@@ -25,7 +25,14 @@ import time
 from pathlib import Path
 
 HEAD = '#!/bin/sh\nenv="${COSYVOICE_ORCHESTRATOR_NUMPY:?}"\n'
-TAIL = 'exec "${COSYVOICE_PYTHON_STUB:?}" "$@"\n'
+# The model code puts COSYVOICE_MODELS_PATH's entries first on sys.path before it imports
+# NumPy, skipping entries already there, and that list names the machine's torch site (NumPy 2):
+# so it also names the venv's site-packages under another path (``numpy126``, a link to it),
+# which is not on sys.path yet and so goes first.
+TAIL = (
+    'export COSYVOICE_MODELS_PATH="$env/numpy126:$COSYVOICE_MODELS_PATH"\n'
+    'exec "${COSYVOICE_PYTHON_STUB:?}" "$@"\n'
+)
 SITE = "$env/lib/python3.12/site-packages"
 CANDIDATES = {
     "path_pythonpath": f'export PATH="$env/bin:$PATH"\nexport PYTHONPATH="{SITE}:$PYTHONPATH"\n',

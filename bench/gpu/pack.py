@@ -77,7 +77,7 @@ WHEEL_CACHE = Path.home() / ".cache" / "cosyvoice-operator" / "gpu-wheels"
 ORCHESTRATOR_STUB = """#!/bin/sh
 env="${COSYVOICE_ORCHESTRATOR_NUMPY:?}"
 export PATH="$env/bin:$PATH"
-export PYTHONPATH="$env/lib/python3.12/site-packages${PYTHONPATH:+:$PYTHONPATH}"
+export COSYVOICE_MODELS_PATH="$env/numpy126:$COSYVOICE_MODELS_PATH"
 exec "${COSYVOICE_PYTHON_STUB:?}" "$@"
 """
 TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
@@ -192,10 +192,10 @@ def repository(
         (root / name / "config.pbtxt").write_text(out[name])
         if code == "ours" and name in OURS:
             shutil.copy(MODEL_CODE / name / "model.py", root / name / "1" / "model.py")
-        if code == "ours" and name == "cosyvoice2":
-            stub = root / name / "triton_python_backend_stub"  # the model's directory
-            stub.write_text(ORCHESTRATOR_STUB)
-            stub.chmod(0o755)
+            if name == "cosyvoice2":
+                stub = root / name / "triton_python_backend_stub"  # the model's directory
+                stub.write_text(ORCHESTRATOR_STUB)
+                stub.chmod(0o755)
         elif name == "cosyvoice2":
             cpu_twin.place_standin(name, root / name / "1")
         else:

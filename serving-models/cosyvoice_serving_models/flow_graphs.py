@@ -166,7 +166,7 @@ class GraphedEstimator:
         if dtype is not None:
             est.to(dtype)
 
-        class _Module(torch.nn.Module):
+        class _Module(torch.nn.Module):  # type: ignore[misc]
             def __init__(self) -> None:
                 super().__init__()
                 self.inner = est

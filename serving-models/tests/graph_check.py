@@ -30,7 +30,7 @@ with torch.inference_mode():
             t, spks = torch.rand(2), torch.randn(2, 80)
             ref = est(x, mask, mu, t, spks, cond, streaming=streaming)
 
-            def pad(a, extra=padded - frames):
+            def pad(a: torch.Tensor, extra: int = padded - frames) -> torch.Tensor:
                 return torch.nn.functional.pad(a, (0, extra))
 
             full = pad(mask)

@@ -69,7 +69,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cpu_twin.Triton
         "maxQueueDelayUs": 500,
         "maxBatchSize": 2,
     }
-    rendered = pack.repository(params, work / "as-packed")
+    rendered = pack.repository(params, work / "as-packed", code="standins")
     twin = cpu_twin.to_cpu(rendered)
     repo = work / "repo"
     for name, text in twin.items():
@@ -105,7 +105,7 @@ def test_pack_renders_the_operators_repository_with_only_the_llm_backend_changed
         "maxQueueDelayUs": 4000,
         "maxBatchSize": 16,
     }
-    packed = pack.repository(params, tmp_path)
+    packed = pack.repository(params, tmp_path, code="standins")
     rendered = triton.render_repository(spec.parse(pack.point_spec(params)), pack.ENGINE_DIR)
     assert list(packed) == list(rendered)
     for name in rendered:
@@ -127,6 +127,39 @@ def test_pack_renders_the_operators_repository_with_only_the_llm_backend_changed
         .read_text()
         .startswith('"""GPU stand-in for CosyVoice2')
     )
+
+
+def test_pack_with_our_code_changes_only_the_llm_backend_count_and_paths(tmp_path: Path) -> None:
+    """``--code ours`` (issue 20): the project's orchestrator and token2wav in the operator's
+    repository, its model_dir and tokenizer dir at the synthetic release, and the orchestrator's
+    stub wrapper (NumPy 1.26 for the one model that reads BYTES)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from cosyvoice_operator.api import spec
+    from cosyvoice_operator.render import triton
+
+    params = {"orchestratorPerGpu": 32, "instancesPerGpu": 2, "maxQueueDelayUs": 500}
+    params["maxBatchSize"] = 32
+    packed = pack.repository(params, tmp_path, code="ours", release="/tmp/r")
+    rendered = triton.render_repository(spec.parse(pack.point_spec(params)), pack.ENGINE_DIR)
+    paths = {"model_dir": "/tmp/r", "llm_tokenizer_dir": "/tmp/r/llm"}
+    for name in rendered:
+        a = text_format.Parse(packed[name], mc.ModelConfig())
+        b = text_format.Parse(rendered[name], mc.ModelConfig())
+        if name == "tensorrt_llm":
+            b.backend = "python"
+        for key, value in paths.items():
+            if key in b.parameters:
+                assert a.parameters[key].string_value == value, (name, key)
+                b.parameters[key].string_value = value
+        assert a == b, name
+        source = (tmp_path / name / "1" / "model.py").read_text()
+        ours = ROOT / "serving-models" / "models" / name / "model.py"
+        assert (ours.exists() and source == ours.read_text()) == (name in pack.OURS), name
+    stub = tmp_path / "cosyvoice2" / "triton_python_backend_stub"
+    assert stub.read_text() == pack.ORCHESTRATOR_STUB and stub.stat().st_mode & 0o111
+    assert not (tmp_path / "token2wav" / "triton_python_backend_stub").exists()
 
 
 def test_streams_come_back_complete_through_the_gpu_standins(
