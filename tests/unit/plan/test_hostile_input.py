@@ -261,7 +261,8 @@ def test_a_network_policy_admits_labelled_clients_and_the_scraper_only() -> None
     assert scraper["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     ]
-    assert [p["port"] for p in scraper["ports"]] == [8002]
+    # Triton's metrics and cosyvoice-serve's health port (its stub-health counters, issue 19)
+    assert [p["port"] for p in scraper["ports"]] == [8002, 8003]
     # It selects exactly the serving pods.
     [deployment] = applied(step, "Deployment")
     labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -277,7 +278,7 @@ def test_without_scraper_labels_the_metrics_port_is_open_to_every_namespace_only
     _, scraper = netpol["spec"]["ingress"]
     assert scraper == {
         "from": [{"namespaceSelector": {}}],
-        "ports": [{"port": 8002, "protocol": "TCP"}],
+        "ports": [{"port": 8002, "protocol": "TCP"}, {"port": 8003, "protocol": "TCP"}],
     }
 
 
