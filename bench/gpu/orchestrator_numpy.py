@@ -4,11 +4,11 @@ device before the sweep; ``device_run.sh`` calls it).
 The wheel's Python 3.12 stub misreads BYTES inputs under NumPy 2 (run 0), and the GPU models
 need the machine's NumPy 2 (its SciPy). The stub's interpreter is isolated (it ignores
 PYTHONPATH) and takes its prefix from the ``python3`` it finds on PATH, so a venv holding
-NumPy 1.26 first on the orchestrator's PATH should do (it does here, on the CPU). On the device
-it did not (run 6, ``bench/results/gpu-runs``): so this starts a Triton with one probe model per
-candidate wrapper, reads which NumPy and ``sys.path`` each stub got, writes the first wrapper
-that got 1.26 into every point's ``cosyvoice2/triton_python_backend_stub`` and prints the
-findings as JSON. Exit 1 when none did.
+NumPy 1.26 first on the orchestrator's PATH gives the stub that NumPy (on the CPU and on the
+device alike); the model code's own sys.path entries then need it named first too (TAIL). So
+this starts a Triton with one probe model per candidate wrapper, reads which NumPy and
+``sys.path`` each stub got, writes the first wrapper that got 1.26 into every point's
+``cosyvoice2/triton_python_backend_stub`` and prints the findings as JSON. Exit 1 when none did.
 
     python3 orchestrator_numpy.py TRITON_DIR BUILD_DIR VENV STUB_PREFIX
 

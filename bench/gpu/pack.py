@@ -71,9 +71,11 @@ WHEEL_CACHE = Path.home() / ".cache" / "cosyvoice-operator" / "gpu-wheels"
 # GPU models need the device's NumPy 2 (its SciPy, which HiFT imports, is built for it). So
 # the orchestrator alone gets NumPy 1.26 first, through the Python backend's per-model stub:
 # a ``triton_python_backend_stub`` in the model's directory, here a wrapper around the real one.
-# COSYVOICE_ORCHESTRATOR_NUMPY is a venv whose site-packages holds NumPy 1.26: the stub finds
-# its Python prefix through PATH (how run 4's stubs got NumPy 1.26) and, where it reads it,
-# PYTHONPATH; both name it first.
+# COSYVOICE_ORCHESTRATOR_NUMPY is a venv whose site-packages holds NumPy 1.26: the stub's
+# isolated interpreter (it ignores PYTHONPATH) takes its site from the python3 on PATH, and the
+# model code's COSYVOICE_MODELS_PATH names it again under ``numpy126`` (a link), ahead of the
+# torch site (orchestrator_numpy.py says why). orchestrator_numpy.py checks this on the device
+# and rewrites the wrapper with the variant that worked there.
 ORCHESTRATOR_STUB = """#!/bin/sh
 env="${COSYVOICE_ORCHESTRATOR_NUMPY:?}"
 export PATH="$env/bin:$PATH"
