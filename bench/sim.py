@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cosyvoice_operator.devtools.sim import experiment as ex
-from cosyvoice_operator.devtools.sim import report
+from cosyvoice_operator.devtools.sim import oracle, report
 from cosyvoice_operator.devtools.sim.command import default_trace
 from cosyvoice_operator.devtools.sim.policies import POLICIES
 
@@ -101,8 +101,12 @@ def main() -> int:
     started = time.monotonic()
     kept = POLICIES if args.reuse_all else REUSABLE
     reuse: ex.Reuse = {}
+    known: list[oracle.Bound] = []
     for earlier in args.reuse or []:
-        reuse.update(ex.reusable(json.loads(earlier.read_text()), kept))
+        document = json.loads(earlier.read_text())
+        reuse.update(ex.reusable(document, kept))
+        known += oracle.bounds_from_json(document)  # the bounds depend on no policy
+    exp = replace(exp, known_bounds=tuple(known))
     result = ex.run_experiment(exp, timelines=True, reuse=reuse)
     elapsed = time.monotonic() - started
     if args.pickle:

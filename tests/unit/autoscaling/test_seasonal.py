@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 import pytest
 
-from cosyvoice_operator.api.spec import AutoscalingSpec, ScaleRule, SloSpec, SpecError, _slo
+from cosyvoice_operator.api.spec import AutoscalingSpec, SloSpec, SpecError, _slo
 from cosyvoice_operator.autoscaling.policy import Fleet, Observation, Recommendation, decide
 from cosyvoice_operator.autoscaling.queueing import replicas_for_miss
 from cosyvoice_operator.autoscaling.seasonal import Bucket, Season, bucket_start, outlook, record
+from tests.unit.autoscaling.slo_support import no_data, sample, slo_spec
 
 T0 = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)  # midnight UTC
 DAY = 86_400
@@ -23,28 +24,14 @@ S = 3.0  # seconds per request
 
 
 def spec(**slo: float) -> AutoscalingSpec:
-    values: dict[str, float] = {
-        "first_audio_milliseconds": 1500,
-        "variability": 0.2,
-        "forecast_std_devs": 0.0,
-        "slots_per_pod": 4,
-        "seasonal_period_hours": 24,
-    }
-    values.update(slo)
-    return AutoscalingSpec(
-        enabled=True,
-        min_replicas=1,
-        max_replicas=1000,
-        target_queue_latency_milliseconds=393.0,
-        scale_up=ScaleRule(0, 1000),
-        scale_down=ScaleRule(300, 1000),
-        slo=SloSpec(**values),  # type: ignore[arg-type]
-    )
+    """A 24-hour profile, variability 0.2, the pod's 4 slots, steps of any size."""
+    values: dict[str, float] = {"variability": 0.2, "slots_per_pod": 4, "seasonal_period_hours": 24}
+    return slo_spec(up_step=1000, **(values | slo))
 
 
 def at(rate: float, t: dt.datetime) -> Observation:
     """`rate` requests/s of 3 s each, no wait."""
-    return Observation(t, True, "", "", 0.0, 0.0, rate * S, rate, False)
+    return sample(t, rate * S, rate)
 
 
 def ramp(seconds: float) -> float:
@@ -161,9 +148,9 @@ def test_no_data_keeps_the_profile_and_the_count() -> None:
         d = decide(s, at(ramp(15.0 * i), now), fleet, history, now)
         history, fleet = d.history, Fleet(d.replicas, d.replicas, 0)
     outage = T0 + dt.timedelta(seconds=DAY)
-    missing = Observation(outage, False, "Unreachable", "refused", None, None, None, None, False)
     for k in range(120):  # 30 minutes without data: longer than every window
-        d = decide(s, missing, fleet, history, outage + dt.timedelta(seconds=15 * k))
+        moment = outage + dt.timedelta(seconds=15 * k)
+        d = decide(s, no_data(moment), fleet, history, moment)
         assert d.replicas == fleet.current and not d.metrics_available
         history = d.history
     assert any(r.season for r in history)

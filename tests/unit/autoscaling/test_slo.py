@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from cosyvoice_operator.api.spec import AutoscalingSpec, ScaleRule, SloSpec, SpecError, _slo
+from cosyvoice_operator.api.spec import AutoscalingSpec, SloSpec, SpecError, _slo
 from cosyvoice_operator.autoscaling.assessment import forecast
 from cosyvoice_operator.autoscaling.policy import Fleet, Observation, Recommendation, decide
 from cosyvoice_operator.autoscaling.queueing import (
@@ -17,26 +17,17 @@ from cosyvoice_operator.autoscaling.queueing import (
     replicas_for_miss,
     wait_probability,
 )
+from tests.unit.autoscaling.slo_support import no_data, sample, slo_spec
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def spec(**slo: float) -> AutoscalingSpec:
-    values = {"first_audio_milliseconds": 1500, "variability": 1.0, "forecast_std_devs": 0.0}
-    values.update(slo)
-    return AutoscalingSpec(
-        enabled=True,
-        min_replicas=1,
-        max_replicas=1000,
-        target_queue_latency_milliseconds=393.0,
-        scale_up=ScaleRule(0, 100),
-        scale_down=ScaleRule(300, 1000),
-        slo=SloSpec(**values),  # type: ignore[arg-type]
-    )
+    return slo_spec(**slo)
 
 
 def obs(t: dt.datetime, in_flight: float, completions: float, latency: float = 0.0) -> Observation:
-    return Observation(t, True, "", "", latency, 0.0, in_flight, completions, False)
+    return sample(t, in_flight, completions, latency)
 
 
 @pytest.mark.parametrize(
@@ -113,10 +104,7 @@ def test_sizes_for_the_slo_and_says_why() -> None:
 
 
 def test_no_scale_down_on_missing_data() -> None:
-    missing = Observation(
-        T0, False, "Unreachable", "connection refused", None, None, None, None, False
-    )
-    d = decide(spec(), missing, Fleet(60, 60, 0), (), T0)
+    d = decide(spec(), no_data(T0), Fleet(60, 60, 0), (), T0)
     assert d.replicas == 60 and not d.metrics_available
 
 

@@ -72,16 +72,24 @@ def quantile(ordered: list[float] | array[float], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])
 
 
+def played(trace: Trace, warmup_s: float) -> tuple[list[float], list[float], float, int]:
+    """The arrivals as played: the trace's first ``warmup_s`` seconds (the unscored warm-up),
+    then the whole trace shifted by it; with their audio, the warm-up's length and how many
+    arrivals it holds."""
+    warm = min(warmup_s, trace.duration_s)
+    head = sum(1 for t in trace.arrivals if t < warm)
+    arrivals = list(trace.arrivals[:head]) + [t + warm for t in trace.arrivals]
+    audio = list(trace.audio[:head]) + list(trace.audio)
+    return arrivals, audio, warm, head
+
+
 def simulate(trace: Trace, controller: Controller, config: SimConfig) -> Outcome:
     static = controller.policy == "static"
     initial = int(controller.params["replicas"]) if static else config.initial_replicas
     plant = Plant(config.service, config.cold_start_s, initial, config.give_up_s)
-    warm = min(config.warmup_s, trace.duration_s)
+    arrivals, audio, warm, head = played(trace, config.warmup_s)
     prom = Prometheus(config.prometheus, [(a + warm, b + warm) for a, b in trace.outages])
     scrape_every = config.prometheus.scrape_interval_s
-    head = sum(1 for t in trace.arrivals if t < warm)
-    arrivals = [t for t in trace.arrivals[:head]] + [t + warm for t in trace.arrivals]
-    audio = trace.audio[:head] + trace.audio
     n = len(arrivals)
     scored_from = head
     latencies = array("d")

@@ -33,9 +33,10 @@ from typing import Any
 from cosyvoice_operator.devtools.sim import policies
 from cosyvoice_operator.devtools.sim import trace as tr
 from cosyvoice_operator.devtools.sim.engine import Minute, Outcome, SimConfig, simulate
+from cosyvoice_operator.devtools.sim.oracle import Bound, search
 from cosyvoice_operator.devtools.sim.policies import Params
 
-GOAL_ATTAINMENT = 0.99
+GOAL_ATTAINMENT = GOAL = 0.99
 # Our policy's settings besides the target (see docs/autoscaling-benchmark.md): no floor
 # beyond one replica, a scale-up step sized for fleets of tens of pods, and the tuning
 # guide's 10-minute scale-down window.
@@ -193,6 +194,8 @@ class Experiment:
     ours: tuple[tuple[str, float], ...] = tuple(OURS.items())  # besides target_ms
     jobs: int = 0  # 0: every CPU
     log: bool = False  # one line per finished run on stderr (with jobs 1)
+    bounds: bool = False  # the clairvoyant bounds of every evaluation trace (`oracle`)
+    known_bounds: tuple[Bound, ...] = ()  # bounds computed before (same plant and traces)
 
 
 def default_experiment(
@@ -224,6 +227,7 @@ def default_experiment(
         evals=tuple(evals),
         seeds=tuple(range(seeds)),
         sweep=SMALL_SWEEP if small else Sweep(),
+        bounds=True,
     )
 
 
@@ -458,6 +462,7 @@ class Result:
     chosen: dict[str, Summary] = field(default_factory=dict)  # policy -> on the training trace
     oracle: dict[tuple[str, str], Summary] = field(default_factory=dict)  # (trace, policy)
     timelines: dict[tuple[str, str], tuple[Minute, ...]] = field(default_factory=dict)
+    bounds: list[Bound] = field(default_factory=list)  # per evaluation trace and seed
 
 
 Reuse = dict[tuple[str, int, str, str], Outcome]  # (trace, seed, policy, params key)
@@ -559,9 +564,17 @@ def run_experiment(exp: Experiment, timelines: bool = False, reuse: Reuse | None
         by_trace_policy.setdefault((s.trace, s.policy), []).append(s)
     for policy in policies.POLICIES:
         for recipe in exp.evals:
-            oracle = select(by_trace_policy.get((recipe.name, policy), []))
-            if oracle is not None and recipe.sweep:
-                result.oracle[(recipe.name, policy)] = oracle
+            pick = select(by_trace_policy.get((recipe.name, policy), []))
+            if pick is not None and recipe.sweep:
+                result.oracle[(recipe.name, policy)] = pick
+    if exp.bounds:
+        old = {(b.trace, b.seed): b for b in exp.known_bounds}
+        result.bounds = [
+            old.get((r.name, s))
+            or search(r.build(s), replace(config, initial_replicas=initial[r.name]), s, GOAL)
+            for r in exp.evals
+            for s in exp.seeds
+        ]
     if timelines:
         extra = []
         for recipe in (r for r in exp.evals if r.sweep):  # a week's plot: not drawn

@@ -209,15 +209,21 @@ class Keda(_Base):
     def __post_init__(self) -> None:
         self.hpa = _hpa(self.params)
 
+    def poll(self, now: float, plant: Plant, prom: Prometheus) -> bool:
+        """Query Prometheus when a poll is due (True then): ``sum(...)`` over every pod with
+        a series, an empty vector when none has one (``empty``; its value read as 0)."""
+        if now - self.polled < self.polling_s:
+            return False
+        self.polled = now
+        recent = [p for p in plant.retired if (p.deleted or 0.0) > now - 120.0]
+        views = [prom.view(now, p.name) for p in [*plant.pods, *recent]]
+        found = [v for v in views if v is not None]
+        self.empty = not found
+        self.value = sum(v.in_system for v in found)
+        return True
+
     def evaluate(self, now: float, plant: Plant, prom: Prometheus) -> Verdict:
-        if now - self.polled >= self.polling_s:
-            self.polled = now
-            # sum(...) over every pod with a series: an empty vector when none has one.
-            recent = [p for p in plant.retired if (p.deleted or 0.0) > now - 120.0]
-            views = [prom.view(now, p.name) for p in [*plant.pods, *recent]]
-            found = [v for v in views if v is not None]
-            self.empty = not found
-            self.value = sum(v.in_system for v in found)  # ignoreNullValues: empty -> 0
+        self.poll(now, plant, prom)  # ignoreNullValues: an empty result is 0
         current = len(plant.live())
         raw = hpa_model.external_average_replicas(current, self.value, float(self.params["target"]))
         return Verdict(self.hpa.sync(now, current, raw), missing=self.empty)
@@ -232,14 +238,8 @@ class KedaFallback(Keda):
     failure_threshold: int = 3
 
     def evaluate(self, now: float, plant: Plant, prom: Prometheus) -> Verdict:
-        if now - self.polled >= self.polling_s:
-            self.polled = now
-            recent = [p for p in plant.retired if (p.deleted or 0.0) > now - 120.0]
-            views = [prom.view(now, p.name) for p in [*plant.pods, *recent]]
-            found = [v for v in views if v is not None]
-            self.empty = not found
+        if self.poll(now, plant, prom):
             self.failures = self.failures + 1 if self.empty else 0
-            self.value = sum(v.in_system for v in found)
         current = len(plant.live())
         target = float(self.params["target"])
         if self.failures >= self.failure_threshold:

@@ -43,6 +43,8 @@ class Verdict:
     events_ok: bool
     missing_ok: bool
     compared_with: tuple[str, ...]  # the train-tuned baselines that reached 99 %
+    oracle_ratio: float | None = None  # the oracle schedule / the same cheapest baseline
+    work_ratio: float | None = None  # the work bound (a true lower bound) / the same
 
     @property
     def met(self) -> bool:
@@ -68,6 +70,12 @@ def verdicts(result: Result, ours: Params | None = None) -> list[Verdict]:
             if s is not None and s.slo_attainment >= GOAL_ATTAINMENT:
                 reaching.append(s)
         gpu_ratio = max(mine.gpu_hours / s.gpu_hours for s in reaching) if reaching else None
+        cheapest = min((s.gpu_hours for s in reaching), default=None)
+        bound = bound_summary(result, recipe.name)
+        oracle_ratio = work_ratio = None
+        if bound is not None and cheapest:
+            oracle_ratio = bound.gpu_hours / cheapest
+            work_ratio = bound.work_bound_gpu_hours / cheapest
         autoscalers = [s for s in reaching if s.policy != "static"]
         fewest = min((s.scale_events for s in autoscalers), default=None)
         events_ratio = None
@@ -84,9 +92,48 @@ def verdicts(result: Result, ours: Params | None = None) -> list[Verdict]:
                 events_ok=events_ratio is None or events_ratio < EVENTS_GOAL,
                 missing_ok=mine.missing_data_scale_downs == 0,
                 compared_with=tuple(s.policy for s in reaching),
+                oracle_ratio=oracle_ratio,
+                work_ratio=work_ratio,
             )
         )
     return out
+
+
+@dataclass(frozen=True)
+class BoundSummary:
+    """The clairvoyant bounds of one trace over the seeds (`oracle`)."""
+
+    trace: str
+    slo_attainment: float  # the oracle schedule's, pooled over the seeds' requests
+    attainment_range: tuple[float, float]
+    gpu_hours: float  # the oracle schedule's, mean over the seeds
+    gpu_hours_range: tuple[float, float]
+    scale_events: float
+    p95_first_audio_s: float
+    work_bound_gpu_hours: float  # mean over the seeds
+    work_bound_range: tuple[float, float]
+    miss: tuple[float, ...]  # the per-bucket share m chosen, per seed
+
+
+def bound_summary(result: Result, trace: str) -> BoundSummary | None:
+    mine = [b for b in result.bounds if b.trace == trace]
+    if not mine:
+        return None
+    o = [b.outcome for b in mine]
+    requests = sum(x.requests for x in o)
+    work = [b.work_bound_gpu_hours for b in mine]
+    return BoundSummary(
+        trace=trace,
+        slo_attainment=sum(x.slo_attainment * x.requests for x in o) / max(requests, 1),
+        attainment_range=(min(x.slo_attainment for x in o), max(x.slo_attainment for x in o)),
+        gpu_hours=sum(x.gpu_hours for x in o) / len(o),
+        gpu_hours_range=(min(x.gpu_hours for x in o), max(x.gpu_hours for x in o)),
+        scale_events=sum(x.scale_events for x in o) / len(o),
+        p95_first_audio_s=sum(x.p95_first_audio_s for x in o) / len(o),
+        work_bound_gpu_hours=sum(work) / len(work),
+        work_bound_range=(min(work), max(work)),
+        miss=tuple(round(b.miss, 5) for b in mine),
+    )
 
 
 def ours_points(result: Result) -> list[Params]:
@@ -137,8 +184,15 @@ def to_json(result: Result) -> dict[str, Any]:
                 "requests": o.requests,
             }
         )
+    bounds = [
+        {"trace": b.trace, "seed": b.seed, "miss": b.miss}
+        | {k: v for k, v in asdict(b.outcome).items() if k != "timeline"}
+        | {"work_bound_gpu_hours": b.work_bound_gpu_hours, "tried": [list(t) for t in b.tried]}
+        for b in result.bounds
+    ]
     return {
         "runs": runs,
+        "bounds": bounds,
         "summary": {
             "train": exp.train.name,
             "evals": [r.name for r in exp.evals],
@@ -166,6 +220,11 @@ def to_json(result: Result) -> dict[str, Any]:
             },
             "table": [_row(s, role) for s, role in table_rows(result)],
             "goal": [asdict(v) | {"met": v.met} for v in verdicts(result)],
+            "bounds": [
+                asdict(b)
+                for r in exp.evals
+                if (b := bound_summary(result, r.name)) is not None  # type: ignore[arg-type]
+            ],
         },
     }
 
@@ -242,6 +301,16 @@ def table(result: Result) -> str:
             f"{_params_text(s.params)}"
         )
     lines.append("")
+    for r in exp.evals:
+        b = bound_summary(result, r.name)
+        if b is not None:
+            lines.append(
+                f"{b.trace[:26]:<26} {'oracle schedule':<16} {'future':<7} "
+                f"{100 * b.slo_attainment:>7.2f}% {b.gpu_hours:>8.2f} {b.scale_events:>7.1f} "
+                f"{'':>6} {0:>7d} {b.p95_first_audio_s:>7.2f}  work bound "
+                f"{b.work_bound_gpu_hours:.2f} GPU-h, m={'/'.join(f'{m:g}' for m in b.miss)}"
+            )
+    lines.append("")
     lines.append(f"Goal (ours >= 99 %, <= {GPU_GOAL:g}x the GPU-hours of the cheapest train-tuned")
     lines.append("baseline at 99 %, fewer scale events than the calmest of them, no missing-data")
     lines.append("scale-down):")
@@ -254,7 +323,8 @@ def table(result: Result) -> str:
         )
         lines.append(
             f"  {v.trace:<26} {'MET' if v.met else 'not met':<8} attainment "
-            f"{100 * v.ours_attainment:.2f}%, GPU-h ratio {gpu}, events ratio {ev}, "
+            f"{100 * v.ours_attainment:.2f}%, GPU-h ratio {gpu} (oracle schedule "
+            f"{_ratio(v.oracle_ratio)}, work bound {_ratio(v.work_ratio)}), events ratio {ev}, "
             f"vs {', '.join(v.compared_with) or 'none at 99 %'}"
         )
     return "\n".join(lines)
@@ -276,10 +346,12 @@ def markdown(result: Result) -> str:
             f"| {s.scale_events:.1f} | {s.reversals:.1f} | {s.missing_data_scale_downs} "
             f"| {s.p95_first_audio_s:.2f} s | {_params_text(s.params)} |"
         )
+    lines += ["", *_bounds_markdown(result)]
     lines += [
         "",
-        "| evaluation trace | goal | ours | GPU-h ratio | events ratio | vs |",
-        "|---|---|---|---|---|---|",
+        "| evaluation trace | goal | ours | GPU-h ratio | oracle schedule's ratio "
+        "| work bound's ratio | events ratio | vs |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for v in verdicts(result):
         gpu = f"{v.gpu_ratio:.2f}" if v.gpu_ratio is not None else "n/a"
@@ -289,10 +361,40 @@ def markdown(result: Result) -> str:
             ev = f"{v.events_ratio:.2f}" if math.isfinite(v.events_ratio) else "inf"
         lines.append(
             f"| {v.trace} | {'met' if v.met else 'not met'} | {100 * v.ours_attainment:.2f} % "
-            f"| {gpu} | {ev} | {', '.join(v.compared_with) or 'none at 99 %'} |"
+            f"| {gpu} | {_ratio(v.oracle_ratio)} | {_ratio(v.work_ratio)} | {ev} "
+            f"| {', '.join(v.compared_with) or 'none at 99 %'} |"
         )
     lines += ["", *_points_markdown(result)]
     return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _bounds_markdown(result: Result) -> list[str]:
+    """The clairvoyant bounds per evaluation trace (`oracle`): the oracle schedule run in the
+    plant, and the work bound (a true lower bound)."""
+    lines = [
+        "| trace | policy | SLO met (seeds' range) | GPU-h (range) | scale events "
+        "| p95 first audio | work bound GPU-h (range) | per-bucket share m per seed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result.experiment.evals:
+        b = bound_summary(result, r.name)
+        if b is None:
+            continue
+        lo, hi = b.attainment_range
+        glo, ghi = b.gpu_hours_range
+        wlo, whi = b.work_bound_range
+        lines.append(
+            f"| {b.trace} | oracle schedule | {100 * b.slo_attainment:.2f} % "
+            f"({100 * lo:.2f}-{100 * hi:.2f}) | {b.gpu_hours:.1f} ({glo:.1f}-{ghi:.1f}) "
+            f"| {b.scale_events:.1f} | {b.p95_first_audio_s:.2f} s "
+            f"| {b.work_bound_gpu_hours:.1f} ({wlo:.1f}-{whi:.1f}) "
+            f"| {', '.join(f'{m:g}' for m in b.miss)} |"
+        )
+    return lines if len(lines) > 2 else []
 
 
 def _points_markdown(result: Result) -> list[str]:
