@@ -32,6 +32,7 @@ READS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
         ),
         frozenset({"token_hop_len", "default_speaker"}),
     ),
+    "vocoder": (frozenset({"model_dir"}), frozenset()),
     "audio_tokenizer": (frozenset({"model_dir"}), frozenset()),
     "speaker_embedding": (
         frozenset({"model_dir", "engine_manifest", "plans_dir"}),
@@ -39,10 +40,12 @@ READS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     ),
 }
 
-# The variants each model of models/ serves (CosyVoice3's token2wav is not written yet).
+# The variants each model of models/ serves (token2wav: CosyVoice2's flow + HiFT or
+# CosyVoice3's flow, by the release's yaml; the rendered parameters are the same).
 VARIANTS_OF: dict[str, tuple[str, ...]] = {
     "cosyvoice2": ("cosyvoice2",),
-    "token2wav": ("cosyvoice2",),
+    "token2wav": ("cosyvoice2", "cosyvoice3"),
+    "vocoder": ("cosyvoice3",),
     "cosyvoice3": ("cosyvoice3",),
     "audio_tokenizer": ("cosyvoice2", "cosyvoice3"),
     "speaker_embedding": ("cosyvoice2", "cosyvoice3"),

@@ -31,11 +31,11 @@ BUILT = ("flow", "hift")
 MAX_FLOW_FRAMES = 2 * (250 + 750)
 
 
-def flow_and_hift_yaml(text: str) -> str:
-    """The part of a release's hyperpyyaml that builds ``flow`` and ``hift``: their two blocks
-    and every one-line top-level scalar (which ``!ref`` may name). Entries with a tag (``!new``,
-    ``!name``, ``!apply``: the LLM, the tokenizer, the feature extractor, the seeds) are left
-    out, so nothing else is imported or built."""
+def release_yaml_entries(text: str, built: tuple[str, ...]) -> str:
+    """The part of a release's hyperpyyaml that builds the top-level entries ``built``: their
+    blocks and every one-line top-level scalar (which ``!ref`` may name). Entries with a tag
+    (``!new``, ``!name``, ``!apply``: the LLM, the tokenizer, the feature extractor, the seeds)
+    are left out, so nothing else is imported or built."""
     blocks: list[tuple[str, list[str]]] = []
     for line in text.splitlines():
         if line and not line[0].isspace() and not line.startswith("#") and ":" in line:
@@ -46,12 +46,31 @@ def flow_and_hift_yaml(text: str) -> str:
     for key, lines in blocks:
         value = lines[0].split(":", 1)[1].split("#", 1)[0].strip()
         body = [b for b in lines[1:] if b.strip() and not b.lstrip().startswith("#")]
-        if key in BUILT or (value and not value.startswith("!") and not body):
+        if key in built or (value and not value.startswith("!") and not body):
             kept.extend(lines)
-    missing = [k for k in BUILT if not any(line.startswith(f"{k}:") for line in kept)]
+    missing = [k for k in built if not any(line.startswith(f"{k}:") for line in kept)]
     if missing:
         raise ValueError(f"the release's yaml has no {', '.join(missing)} entry")
     return "\n".join(kept) + "\n"
+
+
+def flow_and_hift_yaml(text: str) -> str:
+    """CosyVoice2's token2wav: the ``flow`` and ``hift`` entries (:func:`release_yaml_entries`)."""
+    return release_yaml_entries(text, BUILT)
+
+
+def estimator_plan(manifest: str, plans_dir: str) -> str:
+    """The flow estimator's prebuilt TensorRT plan the engine's manifest names
+    (``layout.flowEstimatorPlan`` under ``plans_dir``); empty when there is none."""
+    import json
+
+    try:
+        with open(manifest) as f:
+            layout = json.load(f).get("layout", {})
+    except FileNotFoundError:
+        return ""
+    name = layout.get("flowEstimatorPlan", "")
+    return str(Path(plans_dir) / name) if name else ""
 
 
 @dataclass

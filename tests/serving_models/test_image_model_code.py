@@ -141,7 +141,7 @@ def test_the_script_takes_ours_and_only_the_listed_models_of_upstream(tmp_path: 
     [
         ("cosyvoice3 cosyvoice3 ours\ncosyvoice3 cosyvoice3 upstream\n", "listed twice"),
         ("cosyvoice3 tts_frontend upstream\n", "tts_frontend/1/model.py does not exist"),
-        ("cosyvoice2 vocoder ours\n", "models/vocoder/model.py does not exist"),
+        ("cosyvoice2 tts_frontend ours\n", "models/tts_frontend/model.py does not exist"),
         ("cosyvoice2 token2wav somewhere\n", "unknown source somewhere"),
         ("cosyvoice4 token2wav ours\n", "unknown variant cosyvoice4"),
     ],

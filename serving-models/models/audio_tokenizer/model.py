@@ -27,23 +27,15 @@ import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
 
 from cosyvoice_serving_models import contract, speech_tokenizer  # noqa: E402
 from cosyvoice_serving_models import device as devices  # noqa: E402
+from cosyvoice_serving_models.triton_io import input_array  # noqa: E402
 
 MODEL = "audio_tokenizer"
 
 
-def host(request: Any, name: str) -> Any:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        raise ValueError(f"input {name} is missing")
-    if not tensor.is_cpu():
-        raise pb_utils.TritonModelException(f"input {name} arrived in device memory")
-    return tensor.as_numpy()
-
-
 def reference(request: Any) -> Any:
     """The request's waveform, cut to ``reference_wav_len``."""
-    wav = host(request, "reference_wav").reshape(-1)
-    length = int(host(request, "reference_wav_len").reshape(-1)[0])
+    wav = input_array(request, "reference_wav").reshape(-1)
+    length = int(input_array(request, "reference_wav_len").reshape(-1)[0])
     if not 0 < length <= wav.size:
         raise ValueError(f"reference_wav_len {length} is outside 1..{wav.size}")
     return wav[:length]

@@ -41,6 +41,7 @@ from cosyvoice_serving_models import contract, features  # noqa: E402
 from cosyvoice_serving_models.chunking import LOOKAHEAD_TOKENS, Chunking  # noqa: E402
 from cosyvoice_serving_models.orchestration import OneStreamAtATime  # noqa: E402
 from cosyvoice_serving_models.speakers import SpeakerCache, load_prompt, speaker_key  # noqa: E402
+from cosyvoice_serving_models.triton_io import host_array as host  # noqa: E402
 
 MODEL = "cosyvoice2"
 ORIGINAL_VOCAB_SIZE = 151663  # speech token t is LLM token ORIGINAL_VOCAB_SIZE + t
@@ -51,12 +52,6 @@ STATE = (
     ("hift_next_source", "hift_cache_source"),
     ("hift_next_speech", "hift_cache_speech"),
 )
-
-
-def host(tensor: Any) -> Any:
-    if not tensor.is_cpu():
-        raise pb_utils.TritonModelException(f"tensor {tensor.name()} is in device memory")
-    return tensor.as_numpy()
 
 
 def speech_tokens(ids: Any) -> list[int]:

@@ -41,6 +41,7 @@ from cosyvoice_serving_models.chunking import LOOKAHEAD_TOKENS, Chunking  # noqa
 from cosyvoice_serving_models.llm_groups import LeastLoaded  # noqa: E402
 from cosyvoice_serving_models.orchestration import OneStreamAtATime  # noqa: E402
 from cosyvoice_serving_models.speakers import SpeakerCache, load_prompt, speaker_key  # noqa: E402
+from cosyvoice_serving_models.triton_io import host_array as host  # noqa: E402
 
 MODEL = "cosyvoice3"
 MAX_TOKENS = 750
@@ -48,12 +49,6 @@ TOKENS_PER_TEXT_TOKEN = 20
 SPEECH_TOKEN = re.compile(r"<\|s_(\d+)\|>")
 LLM_TIMEOUT_SECONDS = 120
 MEL_BINS = 80
-
-
-def host(tensor: Any) -> Any:
-    if not tensor.is_cpu():
-        raise pb_utils.TritonModelException(f"tensor {tensor.name()} is in device memory")
-    return tensor.as_numpy()
 
 
 class TritonPythonModel(OneStreamAtATime):

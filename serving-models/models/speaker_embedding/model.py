@@ -26,18 +26,10 @@ import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
 
 from cosyvoice_serving_models import contract, speaker_embedding  # noqa: E402
 from cosyvoice_serving_models import device as devices  # noqa: E402
+from cosyvoice_serving_models.triton_io import input_array  # noqa: E402
 
 MODEL = "speaker_embedding"
 NETWORK = "campplus.onnx"
-
-
-def host(request: Any, name: str) -> Any:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        raise ValueError(f"input {name} is missing")
-    if not tensor.is_cpu():
-        raise pb_utils.TritonModelException(f"input {name} arrived in device memory")
-    return tensor.as_numpy()
 
 
 class TritonPythonModel:
@@ -59,7 +51,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                wav = host(request, "reference_wav").reshape(-1)
+                wav = input_array(request, "reference_wav").reshape(-1)
                 if wav.size == 0:
                     raise ValueError("reference_wav is empty")
                 embedding = speaker_embedding.embed(self.network, wav).reshape(1, -1)

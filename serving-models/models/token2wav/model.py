@@ -1,10 +1,16 @@
-"""Triton Python model ``token2wav`` (CosyVoice2): speech tokens -> 24 kHz audio.
+"""Triton Python model ``token2wav`` (CosyVoice2 and CosyVoice3), the release's variant
+named by its yaml (``cosyvoice2.yaml`` / ``cosyvoice3.yaml``, as the rendered configs differ):
 
-The project's own model code (``serving-models/README.md``). Runs flow + HiFT of upstream's
-library (:mod:`cosyvoice_serving_models.token2wav`) on the device Triton gives this instance
-(``model_instance_kind`` / ``model_instance_device_id``). Stateless: a streamed chunk comes
-with the vocoder state the previous chunk returned (``hift_cache_*`` in, ``hift_next_*``
-out), so the chunks of one stream may be served by any instances, in any mix.
+- CosyVoice2: speech tokens -> 24 kHz audio, flow + HiFT of upstream's library
+  (:mod:`cosyvoice_serving_models.token2wav`). A streamed chunk comes with the vocoder state
+  the previous chunk returned (``hift_cache_*`` in, ``hift_next_*`` out);
+- CosyVoice3: speech tokens -> mel, its flow alone
+  (:mod:`cosyvoice_serving_models.cosyvoice3_token2wav`); the ``vocoder`` model makes the
+  audio. A streamed chunk comes with the stream's tokens so far and its offset.
+
+The project's own model code (``serving-models/README.md``), on the device Triton gives this
+instance (``model_instance_kind`` / ``model_instance_device_id``). Stateless either way, so the
+chunks of one stream may be served by any instances, in any mix.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 # The Python-backend stub of some Triton builds runs an isolated interpreter that ignores
@@ -23,22 +30,14 @@ for _path in reversed(os.environ.get("COSYVOICE_MODELS_PATH", "").split(":")):
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]  # noqa: E402
 
-from cosyvoice_serving_models import contract  # noqa: E402
+from cosyvoice_serving_models import contract, speech_tokenizer  # noqa: E402
 from cosyvoice_serving_models import device as devices  # noqa: E402
-from cosyvoice_serving_models.token2wav import HiftState, Token2Wav  # noqa: E402
+from cosyvoice_serving_models.token2wav import HiftState, Token2Wav, estimator_plan  # noqa: E402
+from cosyvoice_serving_models.triton_io import input_array  # noqa: E402
 
 MODEL = "token2wav"
 STATE_IN = ("hift_cache_mel", "hift_cache_source", "hift_cache_speech")
 STATE_OUT = ("hift_next_mel", "hift_next_source", "hift_next_speech")
-
-
-def host(request: Any, name: str) -> Any:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return None
-    if not tensor.is_cpu():
-        raise pb_utils.TritonModelException(f"input {name} arrived in device memory")
-    return tensor.as_numpy()
 
 
 class TritonPythonModel:
@@ -53,22 +52,18 @@ class TritonPythonModel:
         # the estimator itself runs in torch here (see README, "What remains").
         manifest = contract.parameter(params, MODEL, "engine_manifest")
         plans_dir = contract.parameter(params, MODEL, "plans_dir")
-        self.estimator_plan = self._plan(manifest, plans_dir)
+        self.estimator_plan = estimator_plan(manifest, plans_dir)
+        self.variant = speech_tokenizer.release_variant(Path(model_dir))
         self.device = devices.assigned_device(args, torch.cuda.is_available())
         if self.device.startswith("cuda"):
             torch.cuda.set_device(self.device)
-        self.engine = Token2Wav(model_dir, self.device)
-        devices.record(args, self.device)
+        if self.variant == "cosyvoice3":
+            from cosyvoice_serving_models.cosyvoice3_token2wav import Token2Mel
 
-    @staticmethod
-    def _plan(manifest: str, plans_dir: str) -> str:
-        try:
-            with open(manifest) as f:
-                layout = json.load(f).get("layout", {})
-        except FileNotFoundError:
-            return ""
-        name = layout.get("flowEstimatorPlan", "")
-        return os.path.join(plans_dir, name) if name else ""
+            self.flow = Token2Mel(model_dir, self.device)
+        else:
+            self.engine = Token2Wav(model_dir, self.device)
+        devices.record(args, self.device)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
@@ -80,18 +75,24 @@ class TritonPythonModel:
         return responses
 
     def _one(self, request: Any) -> list[Any]:
-        tokens = host(request, "target_speech_tokens")
-        prompt_tokens = host(request, "prompt_speech_tokens")
-        prompt_feat = host(request, "prompt_speech_feat")
-        embedding = host(request, "prompt_spk_embedding")
-        if prompt_tokens is None or prompt_feat is None or embedding is None:
+        tokens = input_array(request, "target_speech_tokens")
+        prompt = [
+            input_array(request, name, required=False)
+            for name in ("prompt_speech_tokens", "prompt_speech_feat", "prompt_spk_embedding")
+        ]
+        if any(p is None for p in prompt):
             raise ValueError(
                 "token2wav needs the prompt's speech tokens, mel and speaker embedding"
             )
-        offset_in, finalize_in = host(request, "token_offset"), host(request, "finalize")
+        prompt_tokens, prompt_feat, embedding = prompt
+        offset_in = input_array(request, "token_offset", required=False)
+        finalize_in = input_array(request, "finalize", required=False)
         offset = None if offset_in is None else int(offset_in.reshape(-1)[0])
         finalize = True if finalize_in is None else bool(finalize_in.reshape(-1)[0])
-        cached = [host(request, name) for name in STATE_IN]
+        if self.variant == "cosyvoice3":
+            mel = self.flow.mel(tokens, prompt_tokens, prompt_feat, embedding, offset, finalize)
+            return [pb_utils.Tensor("mel", mel.astype(np.float32)[None])]
+        cached = [input_array(request, name, required=False) for name in STATE_IN]
         state = None
         if all(c is not None for c in cached):
             mel, source, speech = (np.asarray(c, dtype=np.float32) for c in cached)
