@@ -92,3 +92,34 @@ def test_llm_groups_least_loaded_across_holders(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError), a.slot():
         raise RuntimeError("a failed stream gives its slot back too")
     assert a.counts() == [0, 0]
+
+
+def test_each_cosyvoice3_model_keeps_only_its_entry_of_the_release_yaml() -> None:
+    """CosyVoice3's token2wav builds the ``flow`` entry, its vocoder the ``hift`` entry: the
+    LLM, the other network, the seeds and the feature extractor are left out, the one-line
+    scalars they may ``!ref`` are kept."""
+    from cosyvoice_serving_models.token2wav import release_yaml_entries
+
+    release = (
+        "__set_seed3: !apply:torch.manual_seed [1986]\n"
+        "sample_rate: 24000\n"
+        "chunk_size: 25 # streaming inference chunk size, in token\n"
+        "llm: !new:cosyvoice.llm.llm.CosyVoice3LM\n"
+        "    llm: !new:cosyvoice.llm.llm.Qwen2Encoder\n"
+        "        pretrain_path: !ref <qwen_pretrain_path>\n"
+        "flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT\n"
+        "    static_chunk_size: !ref <chunk_size> * 2\n"
+        "hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator\n"
+        "    sampling_rate: !ref <sample_rate>\n"
+        "feat_extractor: !name:matcha.utils.audio.mel_spectrogram\n"
+        "    n_fft: 1920\n"
+    )
+    flow = release_yaml_entries(release, ("flow",))
+    hift = release_yaml_entries(release, ("hift",))
+    for kept in (flow, hift):
+        assert "sample_rate: 24000" in kept and "chunk_size: 25" in kept
+        assert "llm" not in kept and "seed" not in kept and "feat_extractor" not in kept
+    assert "CausalMaskedDiffWithDiT" in flow and "CausalHiFTGenerator" not in flow
+    assert "CausalHiFTGenerator" in hift and "CausalMaskedDiffWithDiT" not in hift
+    with pytest.raises(ValueError, match="no hift entry"):
+        release_yaml_entries(release.replace("hift:", "vocoder:"), ("hift",))
