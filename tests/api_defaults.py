@@ -55,6 +55,7 @@ _DEFAULTS: dict[str, Any] = {
             "seasonalPeriodHours": 0,
             "seasonalBucketMinutes": 15,
             "seasonalFloorPercent": 100,
+            "scaleDownHysteresisPercent": 10,
         },
         "prometheusUrl": "",
     },

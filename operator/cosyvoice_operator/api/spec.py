@@ -187,6 +187,8 @@ class SloSpec:
     seasonal_period_hours: int = 0  # the seasonal profile's period (24: a day); 0 is off
     seasonal_bucket_minutes: int = 15  # the profile's resolution
     seasonal_floor_percent: float = 100.0  # of what the last period needed over a cold start
+    # a scale-down removes at least this percent of the count in force, else it holds
+    scale_down_hysteresis_percent: float = 10.0
 
     @property
     def enabled(self) -> bool:
@@ -544,6 +546,9 @@ def _slo(s: Mapping[str, Any]) -> SloSpec:
         seasonal_period_hours=integer(s, "seasonalPeriodHours", path, 0, 0, 168),
         seasonal_bucket_minutes=integer(s, "seasonalBucketMinutes", path, 15, 1, 120),
         seasonal_floor_percent=number(s, "seasonalFloorPercent", path, 100.0, 0.0, 200.0),
+        scale_down_hysteresis_percent=number(
+            s, "scaleDownHysteresisPercent", path, 10.0, 0.0, 50.0
+        ),
     )
     if slo.enabled and slo.first_chunk_milliseconds >= slo.first_audio_milliseconds:
         raise SpecError(

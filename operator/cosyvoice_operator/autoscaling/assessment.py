@@ -12,6 +12,7 @@ then applies the windows, steps and bounds.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
 import statistics
 from collections.abc import Callable
@@ -432,10 +433,26 @@ def forecast(
     # A trend counts when the data support it: a rise at least two standard errors above 0
     # (noise alone makes one in 40 windows look rising by that much).
     residual_sd = math.sqrt(sum(r * r for r in residuals) / max(n - 2, 1))
-    stderr = residual_sd / math.sqrt(var_t) if var_t > 0 else math.inf
+    # Samples of rates over overlapping windows are correlated: n of them carry the
+    # information of fewer independent ones, n (1 - rho) / (1 + rho) for a lag-1
+    # autocorrelation rho of the residuals, which widens the standard error.
+    stderr = residual_sd / math.sqrt(var_t) * _correlation_inflation(residuals)
+    if var_t <= 0:
+        stderr = math.inf
     rising = slope if slope > TREND_SIGNIFICANCE * stderr else 0.0
     rate = max(level, 0.0) + rising * horizon_seconds
     return Forecast(rate, rising, spread)
+
+
+def _correlation_inflation(residuals: list[float]) -> float:
+    """How much a lag-1 autocorrelation of the residuals widens a standard error computed as
+    if they were independent: sqrt((1 + rho) / (1 - rho)), rho clamped to [0, 0.9]."""
+    total = sum(r * r for r in residuals)
+    if total <= 0:
+        return 1.0
+    rho = sum(a * b for a, b in itertools.pairwise(residuals)) / total
+    rho = min(max(rho, 0.0), 0.9)
+    return math.sqrt((1 + rho) / (1 - rho))
 
 
 def _growth(

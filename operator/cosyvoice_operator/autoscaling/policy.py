@@ -93,7 +93,8 @@ Rules, in the order they apply (each has rows in tests/unit/autoscaling/test_pol
    of ``slo.variability`` and the queue latency seen over the M/M/c mean wait, capped at 1)
    is at most ``100 - attainmentPercent`` %, at the demand forecast over
    ``coldStartSeconds`` (a least-squares trend over two cold starts, extended when its rise
-   is significant, plus ``forecastStdDevs`` robust spreads), on ``slotsPerPod`` slots when
+   is significant, its standard error widened for the correlation of rates over overlapping
+   windows, plus ``forecastStdDevs`` robust spreads), on ``slotsPerPod`` slots when
    set. Above the band it is never below the count in force; under pressure at least one
    more than the Ready pods. Rule 7 then waits a whole scale-down window after the last
    change before a step down (one event per window).
@@ -102,7 +103,11 @@ Rules, in the order they apply (each has rows in tests/unit/autoscaling/test_pol
    created) cover it, hold. E.g. current 4, ready 2, starting 2, recommendation 4: hold, not 6.
 6. Scale-up stabilization and step (HPA semantics): the up recommendation is the *lowest*
    raw recommendation within ``scaleUp.stabilizationWindowSeconds`` (this one included),
-   and one evaluation adds at most ``scaleUp.maxStepReplicas``.
+   and one evaluation adds at most ``scaleUp.maxStepReplicas``. With SLO sizing the window
+   says *whether* and the newest recommendation *how much*: once the window's lowest is above
+   what is in force or on its way (a rise held for the whole window), the newest raw
+   recommendation is used (one scale event per rise, not one per evaluation while the rate
+   windows fill).
 7. Scale-down stabilization and step: the down recommendation is the *highest* raw
    recommendation within ``scaleDown.stabilizationWindowSeconds``; a scale-down happens only
    once the window has been watched in full (recommendations kept reach back over it, with
@@ -111,6 +116,9 @@ Rules, in the order they apply (each has rows in tests/unit/autoscaling/test_pol
    recommendations are already consolidation-checked (rule 4), so every step down is one the
    model predicts stays under 90 % of the target. Each evaluation after that may take one
    more step, for as long as the window's highest recommendation stays below the count.
+   With SLO sizing, a scale-down that would remove fewer than
+   ``slo.scaleDownHysteresisPercent`` % of the count in force (rounded up) holds instead
+   (hysteresis: fewer, larger steps), unless it is to 0 replicas (no traffic).
 8. Memory: `Decision.history` is the history to pass to the next call: the recommendations
    within the longest window plus two evaluation intervals, the newest last.
 9. Seasonal foresight (``slo.seasonalPeriodHours`` > 0, with SLO sizing): the demand of
@@ -352,6 +360,8 @@ def _stabilized(
     on_their_way = supply - fleet.ready
     inputs["onTheirWay"] = on_their_way
     if up_rec > current or (up_rec == current and fleet.ready < up_rec and on_their_way > 0):
+        if spec.slo.enabled and supply < up_rec < raw:  # rule 6: the window confirmed a rise
+            inputs["upRecommendation"] = up_rec = raw
         return _step_up(spec, current, raw, up_rec, supply, on_their_way)
     if raw > current:
         return current, [
@@ -367,6 +377,13 @@ def _stabilized(
                     f"(slo: one step per window), {steady:.0f} s so far"
                 ]
             watched = min(watched, steady)
+            least = math.ceil(spec.slo.scale_down_hysteresis_percent / 100.0 * current)
+            if current - down_rec < least and down_rec > 0:
+                hysteresis = spec.slo.scale_down_hysteresis_percent
+                return current, [
+                    f"removing {current - down_rec} of {current} is less than "
+                    f"slo.scaleDownHysteresisPercent ({hysteresis:g} %)"
+                ]
         return _step_down(spec, current, raw, down_rec, watched)
     if raw < current:
         return current, [

@@ -4,14 +4,15 @@ a usable sample of a given load, and a sample without data."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 
 from cosyvoice_operator.api.spec import AutoscalingSpec, ScaleRule, SloSpec
 from cosyvoice_operator.autoscaling.policy import Observation
 
 
-def slo_spec(up_step: int = 100, **slo: float) -> AutoscalingSpec:
+def slo_spec(slo: Mapping[str, float], up_step: int = 100) -> AutoscalingSpec:
     """SLO sizing for first audio within 1.5 s, Poisson variability and no forecast headroom
-    unless ``slo`` says otherwise; a 300 s scale-down window of any step."""
+    unless ``slo`` (SloSpec's fields) says otherwise; a 300 s scale-down window of any step."""
     values: dict[str, float] = {
         "first_audio_milliseconds": 1500,
         "variability": 1.0,

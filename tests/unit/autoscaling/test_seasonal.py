@@ -26,7 +26,7 @@ S = 3.0  # seconds per request
 def spec(**slo: float) -> AutoscalingSpec:
     """A 24-hour profile, variability 0.2, the pod's 4 slots, steps of any size."""
     values: dict[str, float] = {"variability": 0.2, "slots_per_pod": 4, "seasonal_period_hours": 24}
-    return slo_spec(up_step=1000, **(values | slo))
+    return slo_spec(values | slo, up_step=1000)
 
 
 def at(rate: float, t: dt.datetime) -> Observation:

@@ -3,14 +3,15 @@ validation, and the policy's rows (sizing, no scale-down on missing data, one st
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import itertools
 import math
 
 import pytest
 
-from cosyvoice_operator.api.spec import AutoscalingSpec, SloSpec, SpecError, _slo
-from cosyvoice_operator.autoscaling.assessment import forecast
+from cosyvoice_operator.api.spec import AutoscalingSpec, ScaleRule, SloSpec, SpecError, _slo
+from cosyvoice_operator.autoscaling.assessment import _correlation_inflation, forecast
 from cosyvoice_operator.autoscaling.policy import Fleet, Observation, Recommendation, decide
 from cosyvoice_operator.autoscaling.queueing import (
     miss_probability,
@@ -23,7 +24,7 @@ T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def spec(**slo: float) -> AutoscalingSpec:
-    return slo_spec(**slo)
+    return slo_spec(slo)
 
 
 def obs(t: dt.datetime, in_flight: float, completions: float, latency: float = 0.0) -> Observation:
@@ -152,3 +153,73 @@ def test_a_wait_longer_than_the_configured_variability_explains_raises_it() -> N
     # about 0.5: the wait also takes requests out of service (Little's law), so a bit less
     assert 0.4 < float(busy.inputs["variability"]) < 0.6
     assert int(busy.inputs["sloReplicas"]) > int(calm.inputs["sloReplicas"])
+
+
+def test_correlated_residuals_widen_the_trend_s_standard_error() -> None:
+    assert _correlation_inflation([1.0, 1.0, 1.0, -1.0, -1.0, -1.0]) == pytest.approx(math.sqrt(3))
+    assert _correlation_inflation([1.0, -1.0, 1.0, -1.0]) == 1.0  # negative: as independent
+    assert _correlation_inflation([0.0, 0.0, 0.0]) == 1.0
+
+
+def test_a_slow_wave_is_not_extended_as_a_trend() -> None:
+    # The demand rises by 1/s per 15 s for a minute, then stays: read through 60 s rate
+    # windows, the residuals are correlated; the trend must not be extended over 180 s.
+    wave = [20.0, 20.5, 21.0, 21.5, 22.0, 22.5, 22.5, 22.5, 22.0, 21.5, 21.5, 22.0, 22.5, 23.0]
+    kept = tuple(
+        Recommendation(T0 + dt.timedelta(seconds=15 * i), 1, arrivals=v)
+        for i, v in enumerate(wave[:-1])
+    )
+    f = forecast(wave[-1], kept, T0 + dt.timedelta(seconds=15 * (len(wave) - 1)), 180, 15)
+    assert f.slope == 0.0 and f.rate < 24.0
+
+
+@pytest.mark.parametrize(
+    ("hysteresis", "in_force", "expected"),
+    [
+        (10.0, 140, 140),  # the model allows 136: 4 of 140 is under 10 % (14): hold
+        (0.0, 140, 136),  # no hysteresis: the 4 go
+        (10.0, 160, 136),  # 24 of 160 is over 10 % (16): one step to 136
+    ],
+)
+def test_scale_down_hysteresis(hysteresis: float, in_force: int, expected: int) -> None:
+    s = spec(scale_down_hysteresis_percent=hysteresis)
+    history: tuple[Recommendation, ...] = (
+        Recommendation(T0 - dt.timedelta(seconds=15), in_force, slots_per_pod=4),
+    )
+    fleet = Fleet(in_force, in_force, 0)
+    counts = []
+    for i in range(40):  # 10 min of a steady 40 requests/s of 3 s
+        now = T0 + dt.timedelta(seconds=15 * i)
+        d = decide(s, obs(now, 120.0, 40.0), fleet, history, now)
+        history, fleet = d.history, Fleet(d.replicas, d.replicas, 0)
+        counts.append(d.replicas)
+    assert replicas_for_miss(120.0, 4, 3.0, 0.393, 0.009) == 136  # with the 10 % margin
+    assert counts[-1] == expected
+    assert len(set(counts)) <= 2  # at most one event
+    if expected == in_force:
+        assert "slo.scaleDownHysteresisPercent (10 %)" in d.reason
+
+
+def test_a_confirmed_rise_is_sized_on_the_newest_recommendation() -> None:
+    s = dataclasses.replace(spec(slots_per_pod=4), scale_up=ScaleRule(60, 1000))
+    history: tuple[Recommendation, ...] = ()
+    fleet = Fleet(140, 140, 0)
+    rates = [40.0] * 4 + [44.0, 48.0, 52.0, 56.0, 60.0, 64.0]  # a rise held over a minute
+    for i, rate in enumerate(rates):
+        now = T0 + dt.timedelta(seconds=15 * i)
+        d = decide(s, obs(now, 3.0 * rate, rate), fleet, history, now)
+        history = d.history
+        if d.replicas != fleet.current:
+            break
+    window = [r.replicas for r in history if r.time >= now - dt.timedelta(seconds=60)]
+    assert min(window) > 140  # the first evaluation whose whole window is above 140
+    # sized on the newest recommendation, not on the window's lowest: one event
+    assert d.inputs["upRecommendation"] == d.inputs["rawRecommendation"] == window[-1]
+    assert d.replicas == window[-1] > min(window)
+
+
+def test_hysteresis_field_and_its_limits() -> None:
+    assert SloSpec().scale_down_hysteresis_percent == 10.0
+    assert _slo({"scaleDownHysteresisPercent": 0}).scale_down_hysteresis_percent == 0.0
+    with pytest.raises(SpecError, match=r"spec\.autoscaling\.slo\.scaleDownHysteresisPercent"):
+        _slo({"scaleDownHysteresisPercent": 51})

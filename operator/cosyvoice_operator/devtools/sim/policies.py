@@ -105,6 +105,7 @@ class Ours(_Base):
                 seasonal_period_hours=int(p.get("seasonal_h", 0)),
                 seasonal_bucket_minutes=int(p.get("bucket_min", 15)),
                 seasonal_floor_percent=float(p.get("floor_pct", 100.0)),
+                scale_down_hysteresis_percent=float(p.get("hyst_pct", 10.0)),
             ),
         )
         self.history: tuple[scaling.Recommendation, ...] = ()
