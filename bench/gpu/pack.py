@@ -159,7 +159,7 @@ def grid_issue20() -> list[dict[str, Any]]:
         (16, 2, 500, 16),
         (16, 4, 500, 16),
         (16, 2, 4000, 16),
-        (8, 2, 500, 16),
+        (32, 4, 500, 16),  # more streams than LLM slots: the orchestrator count alone
         (32, 2, 500, 32),
         (32, 4, 500, 32),
         (64, 4, 500, 64),
