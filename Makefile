@@ -1,17 +1,25 @@
 # The two commands of the README:
 #   make demo   installs everything (Python env, control-plane binaries) and runs the demo
-#   make test   installs everything and runs every check: ruff, mypy, pytest
+#   make test   installs everything (also upstream's library for the CPU twins of
+#               serving-models/) and runs every check: ruff, mypy, pytest
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: setup demo test lint unit bench clean serving-models
+.PHONY: setup demo test lint unit bench clean serving-models upstream-cpu-site
 
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	touch $@
 
 setup: $(VENV)/.installed
+
+# Upstream CosyVoice's library for the CPU twins of the project's model code (serving-models/
+# tests, in `make test`): Debian's python3-torchaudio and about 570 MB of pinned PyPI packages
+# in ~/.cache/cosyvoice-operator/upstream-cpu-site, once (the script returns at once when the
+# cache holds serving-models/cpu-twin-requirements.txt's pins).
+upstream-cpu-site: setup
+	bash scripts/setup-serving-models.sh
 
 demo: setup
 	$(VENV)/bin/cosyvoice-operator demo
@@ -22,16 +30,16 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: lint
+# pytest's testpaths (pyproject.toml): tests/ and serving-models/tests.
+test: lint upstream-cpu-site
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 unit: setup
 	$(PY) -m pytest -ra tests/unit tests/engine_builder $(PYTEST_ARGS)
 
-# The project's Triton model code (serving-models/) with upstream's library, in the real CPU
-# tritonserver. Not in `make test`: it needs scripts/setup-serving-models.sh (about 440 MB).
-serving-models: setup
-	bash scripts/setup-serving-models.sh
+# Only the CPU twins of the project's Triton model code (serving-models/tests: upstream's
+# library in the real CPU tritonserver), the quick way to run what `make test` also runs.
+serving-models: upstream-cpu-site
 	$(PY) -m pytest -ra serving-models/tests $(PYTEST_ARGS)
 
 bench: setup

@@ -1,61 +1,150 @@
-"""Shared pieces of the tests of the project's model code with upstream's library.
+"""Fixtures of the tests of the project's model code with upstream's library (helpers:
+``twins.py``, which also says why this folder has no ``__init__.py``).
 
-They need what ``scripts/setup-serving-models.sh`` installs (``make serving-models`` runs it):
-Debian's python3-torch and python3-torchaudio, and upstream's library in
-``~/.cache/cosyvoice-operator/upstream-cpu-site``. Without them they fail, naming the
-script; they are not part of ``make test`` (see ``serving-models/README.md``).
+One tiny synthetic release, one CosyVoice2 and one CosyVoice3 tritonserver for the whole
+run: every test of a variant in tritonserver asks the same rendered repository (a server
+costs 10-20 s to start on this machine). Each twin is rendered with a default speaker
+(``spec.speakers.default``), whose file the builder's tool makes from a recording; requests
+that send reference audio do not use it.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGE_ROOT = ROOT / "serving-models"
-DEBIAN_PYTHON = "/usr/bin/python3"
-DEBIAN_SITE = Path("/usr/lib/python3/dist-packages")
-UPSTREAM_SITE = Path(
-    os.environ.get(
-        "COSYVOICE_UPSTREAM_SITE",
-        str(Path.home() / ".cache" / "cosyvoice-operator" / "upstream-cpu-site"),
-    )
+from twins import (
+    COSYVOICE2_OURS,
+    COSYVOICE3_OURS,
+    FIRST_CHUNK_TOKENS,
+    CosyVoice2Twin,
+    CosyVoice3Twin,
+    debian_python,
+    default_speaker,
+    example,
+    remap_llm_urls,
+    require_library,
+    serve,
+    set_parameters,
+    speaker_file,
 )
 
+from cosyvoice_operator.api.spec import ServiceSpec
+from cosyvoice_operator.devtools.closedloop import cpu_twin
+from cosyvoice_operator.render import triton
 
-def library_path() -> str:
-    """sys.path entries for our package and upstream's library (Debian torch last)."""
-    return os.pathsep.join([str(PACKAGE_ROOT), str(UPSTREAM_SITE), str(DEBIAN_SITE)])
-
-
-def require_library() -> None:
-    missing = [
-        str(p)
-        for p in (DEBIAN_SITE / "torch", DEBIAN_SITE / "torchaudio", UPSTREAM_SITE / "cosyvoice")
-        if not p.is_dir()
-    ]
-    if missing:
-        pytest.fail(f"missing {', '.join(missing)}: run scripts/setup-serving-models.sh")
-
-
-def debian_python(*args: str, timeout: float = 300) -> str:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT), str(UPSTREAM_SITE)]))
-    done = subprocess.run(
-        [DEBIAN_PYTHON, *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
-    if done.returncode != 0:
-        raise AssertionError(f"{args} failed:\n{done.stderr[-4000:]}")
-    return done.stdout
+SPEAKER_IN_ENGINE = "/engine/speakers/default.npz"
 
 
 @pytest.fixture(scope="session")
-def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny synthetic CosyVoice2 release (cosyvoice_serving_models.tiny_release)."""
     require_library()
     out = tmp_path_factory.mktemp("release") / "model"
     debian_python("-m", "cosyvoice_serving_models.tiny_release", str(out))
-    yield out
+    return out
+
+
+@pytest.fixture(scope="session")
+def cosyvoice3_model_dir(tmp_path_factory: pytest.TempPathFactory, release: Path) -> Path:
+    """A CosyVoice3 model directory: the tiny release's yaml as ``cosyvoice3.yaml`` (only its
+    ``feat_extractor`` is read), its tokenizer and ``campplus.onnx``, and a tiny
+    ``speech_tokenizer_v3.onnx`` (``tiny_onnx``)."""
+    model_dir = tmp_path_factory.mktemp("cosyvoice3") / "model"
+    (model_dir / "llm").mkdir(parents=True)
+    shutil.copy(release / "cosyvoice2.yaml", model_dir / "cosyvoice3.yaml")
+    shutil.copy(release / "llm" / "tokenizer.json", model_dir / "llm" / "tokenizer.json")
+    shutil.copy(release / "campplus.onnx", model_dir / "campplus.onnx")
+    debian_python(
+        "-c",
+        "import sys; from pathlib import Path; from cosyvoice_serving_models import tiny_onnx; "
+        "tiny_onnx.write_speech_tokenizer(Path(sys.argv[1]), 'v3')",
+        str(model_dir / "speech_tokenizer_v3.onnx"),
+    )
+    return model_dir
+
+
+def cosyvoice2_service() -> ServiceSpec:
+    """examples/cosyvoice2.yaml with two sequences per engine, two instances of each GPU model
+    (so four orchestrator instances), a first chunk of 10 tokens and a default speaker."""
+    raw = example("cosyvoice2")
+    raw["engine"]["maxBatchSize"] = 2
+    raw["serving"]["dynamicBatching"]["preferredBatchSizes"] = [2]
+    raw["serving"]["instancesPerGpu"] = 2
+    raw["serving"]["streamChunking"] = {"firstChunkTokens": FIRST_CHUNK_TOKENS}
+    return default_speaker(raw)
+
+
+def cosyvoice3_service() -> ServiceSpec:
+    """examples/cosyvoice3.yaml for a pod of two LLM groups (``gpusPerReplica: 2``), with a
+    default speaker."""
+    raw = example("cosyvoice3")
+    raw["serving"]["gpusPerReplica"] = 2
+    raw["engine"]["tensorParallelSize"] = 1
+    raw["serving"].pop("dynamicBatching", None)
+    raw.pop("autoscaling", None)
+    raw["replicas"] = 1
+    return default_speaker(raw)
+
+
+def speaker_rendered(rendered: dict[str, str], orchestrator: str) -> None:
+    assert rendered[orchestrator].count('"default_speaker"') == 1
+    assert f'"{SPEAKER_IN_ENGINE}"' in rendered[orchestrator]
+
+
+@pytest.fixture(scope="session")
+def cosyvoice2_twin(
+    tmp_path_factory: pytest.TempPathFactory, release: Path
+) -> Iterator[CosyVoice2Twin]:
+    """The operator's rendered CosyVoice2 repository in tritonserver with our ``cosyvoice2``,
+    ``token2wav``, ``audio_tokenizer`` and ``speaker_embedding``; ``tensorrt_llm`` is the
+    twin's stand-in. The paths point at the tiny release and the speaker's file."""
+    work = tmp_path_factory.mktemp("cosyvoice2")
+    speaker, recording = speaker_file(release, "cosyvoice2", work / "speaker")
+    rendered = triton.render_repository(cosyvoice2_service(), "/engine")
+    speaker_rendered(rendered, "cosyvoice2")
+    paths = {
+        "model_dir": str(release),
+        "llm_tokenizer_dir": str(release / "llm"),
+        "default_speaker": str(speaker),
+    }
+    records = work / "devices"
+    with serve(
+        rendered,
+        work,
+        COSYVOICE2_OURS,
+        lambda text: set_parameters(text, paths),
+        env={"COSYVOICE_DEVICE_RECORD_DIR": str(records)},
+    ) as server:
+        yield CosyVoice2Twin(server, records, speaker, recording)
+
+
+@pytest.fixture(scope="session")
+def cosyvoice3_twin(
+    tmp_path_factory: pytest.TempPathFactory, cosyvoice3_model_dir: Path
+) -> Iterator[CosyVoice3Twin]:
+    """The operator's rendered CosyVoice3 repository in tritonserver with our ``cosyvoice3``,
+    ``audio_tokenizer`` and ``speaker_embedding``, and the twin's stand-ins for ``token2wav``,
+    ``vocoder`` and the two trtllm-serve processes (``cpu_twin.LlmStandIn``: OpenAI chat
+    completions, streamed), whose URLs replace the rendered ones."""
+    work = tmp_path_factory.mktemp("cosyvoice3-twin")
+    speaker, _ = speaker_file(cosyvoice3_model_dir, "cosyvoice3", work / "speaker")
+    svc = cosyvoice3_service()
+    urls = triton.llm_urls(svc)
+    assert len(urls) == 2
+    rendered = triton.render_repository(svc, "/engine")
+    speaker_rendered(rendered, "cosyvoice3")
+    with cpu_twin.LlmStandIn(urls, event_seconds=0.01) as llm:
+
+        def configure(text: str) -> str:
+            paths = {
+                "model_dir": str(cosyvoice3_model_dir),
+                "llm_tokenizer_dir": str(cosyvoice3_model_dir / "llm"),
+                "default_speaker": str(speaker),
+            }
+            return remap_llm_urls(set_parameters(text, paths), llm.remap)
+
+        with serve(rendered, work, COSYVOICE3_OURS, configure) as server:
+            yield CosyVoice3Twin(server, llm, work / "repo", speaker)

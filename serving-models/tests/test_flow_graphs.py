@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .conftest import debian_python
+from twins import debian_python
 
 HERE = Path(__file__).resolve().parent
 
