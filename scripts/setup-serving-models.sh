@@ -3,7 +3,8 @@
 # (serving-models/): Debian's python3-torchaudio (beside the python3-torch scripts/setup.sh
 # installs) and the pinned packages of serving-models/cpu-twin-requirements.txt, with
 # --no-deps into a folder outside the repository that the Triton stub puts on sys.path.
-# Not part of scripts/setup.sh: about 440 MB (see serving-models/README.md for the time).
+# Run by `make test` and `make serving-models` (not by scripts/setup.sh, which `make demo` also
+# runs): about 570 MB, once; afterwards it returns at once (serving-models/README.md: times).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SITE="${COSYVOICE_UPSTREAM_SITE:-$HOME/.cache/cosyvoice-operator/upstream-cpu-site}"

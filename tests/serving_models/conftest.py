@@ -1,6 +1,6 @@
 """The project's model code (``serving-models/``) is not part of the operator's package: its
 pure pieces are imported from the folder. (Its tests with upstream's library and the real
-tritonserver are ``serving-models/tests``, outside ``make test``: see its README.)"""
+tritonserver are ``serving-models/tests``, also in ``make test``: see its README.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The pure pieces of the reference-audio models (``audio_tokenizer``, ``speaker_embedding``):
 which tokenizer a release's directory names, the tokenizer's size read from its weights, and
-where the engine's prebuilt speaker-embedding plan is. The models themselves run under
-``make serving-models`` (``serving-models/tests/test_twin*.py``)."""
+where the engine's prebuilt speaker-embedding plan is. The models themselves run in the CPU
+twins with upstream's library (``serving-models/tests/test_twin*.py``, in ``make test``)."""
 
 from __future__ import annotations
 
