@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from cosyvoice_engine_builder.manifest import verify_engine_dir
 from cosyvoice_engine_builder.request import Variant
@@ -25,7 +26,7 @@ def _with_speaker(builder: Builder, audio: bytes = b"RIFF stand-in wav") -> Path
     return wav
 
 
-def _speaker_args() -> dict[str, str]:
+def _speaker_args() -> dict[str, Any]:
     return {
         "default_speaker_audio": "pvc://voices/narrator/take-1.wav",
         "default_speaker_transcript": TRANSCRIPT,
@@ -88,7 +89,7 @@ def test_a_missing_recording_fails_for_good_before_any_work(builder: Builder) ->
 
 def test_a_changed_recording_reruns_only_the_speaker_step(builder: Builder) -> None:
     _with_speaker(builder)
-    args = {**_speaker_args(), "work_dir": builder.tmp / "work"}
+    args: dict[str, Any] = {**_speaker_args(), "work_dir": builder.tmp / "work"}
     builder.env["FAKE_FAIL"] = "speaker-prompt"
     assert builder.build(**args).code == 1
     del builder.env["FAKE_FAIL"]
@@ -117,7 +118,7 @@ def test_the_gate_checks_the_default_speakers_file(builder: Builder) -> None:
     assert builder.build(**_speaker_args()).code == 0
     manifest = builder.manifest()
 
-    def mismatches(doc: dict) -> dict[str, str]:
+    def mismatches(doc: dict[str, Any]) -> dict[str, str]:
         found = compare(
             doc,
             engine_dir=builder.engine_dir,

@@ -41,7 +41,7 @@ def reads_in_source(path: Path) -> tuple[set[str], bool]:
             and node.func.attr == "parameter"
         ):
             key = node.args[2]
-            assert isinstance(key, ast.Constant), ast.dump(node)
+            assert isinstance(key, ast.Constant) and isinstance(key.value, str), ast.dump(node)
             keys.add(key.value)
         if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
             bypass |= node.value.id == "params"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ def test_a_directory_with_no_yaml_or_both_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_tokenizer_size_comes_from_its_weights() -> None:
-    def weights(width: int, blocks: int) -> dict[str, np.ndarray]:
+    def weights(width: int, blocks: int) -> dict[str, np.ndarray[Any, Any]]:
         found = {"encoder.conv1.weight": np.zeros((width, 128, 3), dtype=np.float32)}
         for block in range(blocks):
             for part in ("attn.query.weight", "mlp.0.bias", "attn_ln.weight"):

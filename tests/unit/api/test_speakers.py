@@ -33,7 +33,9 @@ def test_a_default_speaker_is_read_and_absent_by_default() -> None:
         ({"audioUri": "pvc://voices/a.wav", "transcript": "x" * 2001}, "transcript"),
     ],
 )
-def test_a_bad_default_speaker_is_refused_naming_the_field(default: dict, field: str) -> None:
+def test_a_bad_default_speaker_is_refused_naming_the_field(
+    default: dict[str, str], field: str
+) -> None:
     with pytest.raises(SpecError) as info:
         spec.parse(raw_spec(speakers={"default": default}))
     assert info.value.field == f"spec.speakers.default.{field}"
