@@ -10,6 +10,7 @@ that send reference audio do not use it.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from twins import (
     debian_python,
     default_speaker,
     example,
+    library_path,
     remap_llm_urls,
     require_library,
     serve,
@@ -36,6 +38,18 @@ from cosyvoice_operator.devtools.closedloop import cpu_twin
 from cosyvoice_operator.render import triton
 
 SPEAKER_IN_ENGINE = "/engine/speakers/default.npz"
+TESTS = Path(__file__).parent
+
+
+def yaml_entry(text: str, key: str) -> str:
+    """One top-level entry of a hyperpyyaml file, with its indented lines."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{key}:"))
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace()),
+        len(lines),
+    )
+    return "\n".join(lines[start:end]).strip() + "\n"
 
 
 @pytest.fixture(scope="session")
@@ -49,12 +63,25 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def cosyvoice3_model_dir(tmp_path_factory: pytest.TempPathFactory, release: Path) -> Path:
-    """A CosyVoice3 model directory: the tiny release's yaml as ``cosyvoice3.yaml`` (only its
-    ``feat_extractor`` is read), its tokenizer and ``campplus.onnx``, and a tiny
+    """A CosyVoice3 model directory: a ``cosyvoice3.yaml`` of upstream's layout whose flow and
+    vocoder are the narrowest fakes of the two networks no PyPI package holds
+    (``cv3_fakes``), with the tiny release's ``feat_extractor``, and their ``flow.pt`` and
+    ``hift.pt``; the tiny release's tokenizer and ``campplus.onnx``; a tiny
     ``speech_tokenizer_v3.onnx`` (``tiny_onnx``)."""
     model_dir = tmp_path_factory.mktemp("cosyvoice3") / "model"
     (model_dir / "llm").mkdir(parents=True)
-    shutil.copy(release / "cosyvoice2.yaml", model_dir / "cosyvoice3.yaml")
+    feat_extractor = model_dir.parent / "feat_extractor.yaml"
+    feat_extractor.write_text(
+        yaml_entry((release / "cosyvoice2.yaml").read_text(), "feat_extractor")
+    )
+    debian_python(
+        "-c",
+        "import sys; sys.path.insert(0, sys.argv[3]); import cv3_fakes; "
+        "cv3_fakes.write_release(sys.argv[1], open(sys.argv[2]).read())",
+        str(model_dir),
+        str(feat_extractor),
+        str(TESTS),
+    )
     shutil.copy(release / "llm" / "tokenizer.json", model_dir / "llm" / "tokenizer.json")
     shutil.copy(release / "campplus.onnx", model_dir / "campplus.onnx")
     debian_python(
@@ -125,11 +152,18 @@ def cosyvoice2_twin(
 def cosyvoice3_twin(
     tmp_path_factory: pytest.TempPathFactory, cosyvoice3_model_dir: Path
 ) -> Iterator[CosyVoice3Twin]:
-    """The operator's rendered CosyVoice3 repository in tritonserver with our ``cosyvoice3``,
-    ``audio_tokenizer`` and ``speaker_embedding``, and the twin's stand-ins for ``token2wav``,
-    ``vocoder`` and the two trtllm-serve processes (``cpu_twin.LlmStandIn``: OpenAI chat
+    """The operator's rendered CosyVoice3 repository in tritonserver with all our models
+    (``cosyvoice3``, ``token2wav`` and ``vocoder`` on the fake networks of
+    ``cosyvoice3_model_dir``, ``audio_tokenizer``, ``speaker_embedding``) and the twin's
+    stand-ins for the two trtllm-serve processes (``cpu_twin.LlmStandIn``: OpenAI chat
     completions, streamed), whose URLs replace the rendered ones."""
     work = tmp_path_factory.mktemp("cosyvoice3-twin")
+    records = work / "devices"
+    env = {
+        # the stubs build the fake networks the release's yaml names (cv3_fakes, here)
+        "COSYVOICE_MODELS_PATH": os.pathsep.join([library_path(), str(TESTS)]),
+        "COSYVOICE_DEVICE_RECORD_DIR": str(records),
+    }
     speaker, _ = speaker_file(cosyvoice3_model_dir, "cosyvoice3", work / "speaker")
     svc = cosyvoice3_service()
     urls = triton.llm_urls(svc)
@@ -146,5 +180,5 @@ def cosyvoice3_twin(
             }
             return remap_llm_urls(set_parameters(text, paths), llm.remap)
 
-        with serve(rendered, work, COSYVOICE3_OURS, configure) as server:
-            yield CosyVoice3Twin(server, llm, work / "repo", speaker)
+        with serve(rendered, work, COSYVOICE3_OURS, configure, env=env) as server:
+            yield CosyVoice3Twin(server, llm, work / "repo", speaker, records)

@@ -4,7 +4,8 @@ and ``CausalHiFTGenerator`` are on no PyPI package (README, "The PyPI packages a
 pinned commit"), so what runs here is our code around them, in-process under Debian's torch
 (``cosyvoice3_check.py``): the yaml entries built, the flow's call, the excitation tables the
 same in every vocoder instance, a stream's audio whichever instances serve its chunks, and
-both ``model.py`` files (inputs, outputs, errors, the device Triton assigns)."""
+both ``model.py`` files (inputs, outputs, errors, the device Triton assigns); and both models
+in the CosyVoice3 twin's tritonserver behind our orchestrator."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from twins import debian_python, require_library
+from twins import CosyVoice3Twin, debian_python, require_library, stream
 
 HERE = Path(__file__).parent
 
@@ -84,3 +85,45 @@ def test_the_model_files_serve_and_take_the_device_triton_assigns(result: dict[s
     assert models["bad_mel_refused"]
     assert models["gpu_devices"] == ["cuda:3", "flow cuda:3", "cuda:3", "hift cuda:3"]
     assert models["gpu_without_cuda_refused"] == [True, True]
+
+
+def test_in_tritonserver_our_two_models_serve_streams_on_their_devices(
+    cosyvoice3_twin: CosyVoice3Twin,
+) -> None:
+    """The CosyVoice3 twin runs our ``token2wav`` and ``vocoder`` (on the fake networks) behind
+    our orchestrator: two concurrent streams complete with the chunk schedule the orchestrator
+    reads (each chunk's audio: its tokens' mel frames, 480 samples each, less the vocoder's 4
+    look-ahead frames until the last), and every instance of both recorded the device Triton
+    gave it (the twin's one transform makes the rendered KIND_GPU groups KIND_CPU)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from cosyvoice_serving_models.chunking import Chunking
+
+    config = text_format.Parse(
+        (cosyvoice3_twin.repo / "cosyvoice3" / "config.pbtxt").read_text(), mc.ModelConfig()
+    )
+    hop = (
+        config.parameters["token_hop_len"].string_value
+        if "token_hop_len" in config.parameters
+        else "15"
+    )
+    targets = ["The first of two streams.", "And the second one, a little longer than that."]
+    for chunks in stream(cosyvoice3_twin.server, targets, "cosyvoice3").values():
+        sizes = [len(c) for c in chunks]
+        tokens = sum(sizes) // 960
+        assert sum(sizes) == tokens * 960, sizes
+        schedule = Chunking(first=int(hop)).schedule(tokens)
+        assert len(sizes) == len(schedule), (sizes, schedule)
+        assert sizes[0] == (2 * int(hop) - 4) * 480, sizes
+    entries = [
+        json.loads(p.read_text()) for p in sorted(cosyvoice3_twin.device_records.glob("*.json"))
+    ]
+    for model in ("token2wav", "vocoder"):
+        text = (cosyvoice3_twin.repo / model / "config.pbtxt").read_text()
+        count = sum(g.count for g in text_format.Parse(text, mc.ModelConfig()).instance_group)
+        instances = [e for e in entries if e["instance"].startswith(model)]
+        assert len(instances) == count, (model, entries)  # as the twin's config has them
+        assert len({e["pid"] for e in instances}) == count
+        for entry in instances:
+            assert entry["kind"] == "CPU" and entry["device"] == "cpu", entry

@@ -1,6 +1,6 @@
 """The default speaker with our ``cosyvoice3`` orchestrator in the real tritonserver (issue 19,
-item 5): ``conftest.cosyvoice3_twin`` (shared with ``test_twin_cosyvoice3``: the tiny
-release's yaml as ``cosyvoice3.yaml``, a tiny ``speech_tokenizer_v3.onnx``, ``campplus.onnx``),
+item 5): ``conftest.cosyvoice3_twin`` (shared with ``test_twin_cosyvoice3``: a
+``cosyvoice3.yaml`` on fake networks, a tiny ``speech_tokenizer_v3.onnx``, ``campplus.onnx``),
 whose speaker file the builder's tool made from a WAV with ``--variant cosyvoice3``, and the
 stand-in trtllm-serve processes recording what the orchestrator asks. A request without
 reference audio asks the LLM with the speaker's transcript before the target text and the

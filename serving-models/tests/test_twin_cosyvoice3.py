@@ -1,16 +1,18 @@
 """Our ``cosyvoice3`` orchestrator in the real tritonserver: the operator's rendered
 CosyVoice3 repository for a pod of two LLM groups (``gpusPerReplica: 2``), with our
-``audio_tokenizer`` (on a tiny ``speech_tokenizer_v3.onnx``) and ``speaker_embedding``, and
-the twin's stand-ins for ``token2wav``, ``vocoder`` and the two trtllm-serve processes
-(``cpu_twin.LlmStandIn``: OpenAI chat completions, streamed). The PyPI packages hold no
-CosyVoice3 flow or vocoder (README). The server is ``conftest.cosyvoice3_twin`` (shared with
-``test_default_speaker_cosyvoice3``).
+``audio_tokenizer`` (on a tiny ``speech_tokenizer_v3.onnx``), ``speaker_embedding``,
+``token2wav`` and ``vocoder`` (on fakes of the two networks: the PyPI packages hold no
+CosyVoice3 flow, README), and the twin's stand-ins for the two trtllm-serve processes
+(``cpu_twin.LlmStandIn``: OpenAI chat completions, streamed). The server is
+``conftest.cosyvoice3_twin`` (shared with ``test_default_speaker_cosyvoice3`` and
+``test_cosyvoice3_audio``).
 
 What the twin changes, named there: KIND_GPU -> KIND_CPU (``cpu_twin.to_cpu``); the LLM URLs
 point at the stand-ins' free ports; ``model_dir`` / ``llm_tokenizer_dir`` at a model directory
-holding the tiny release's yaml (as ``cosyvoice3.yaml``: only its ``feat_extractor`` is read
-here), tokenizer and ``campplus.onnx``, and a tiny ``speech_tokenizer_v3.onnx``
-(``tiny_onnx``); ``default_speaker`` at the speaker's file.
+holding a ``cosyvoice3.yaml`` whose flow and hift are ``cv3_fakes``' (with the tiny release's
+``feat_extractor``) and their checkpoints, the tiny release's tokenizer and
+``campplus.onnx``, and a tiny ``speech_tokenizer_v3.onnx`` (``tiny_onnx``);
+``default_speaker`` at the speaker's file.
 """
 
 from __future__ import annotations

@@ -52,10 +52,11 @@ UPSTREAM_SITE = Path(
 
 # The default speaker every twin is rendered with (spec.speakers.default): the builder's tool
 # makes its file from a recording and this transcript.
-# Our model code in each twin; the twin's stand-ins serve the rest (tensorrt_llm, and
-# CosyVoice3's token2wav and vocoder, whose upstream classes no PyPI package holds).
+# Our model code in each twin; the twin's stand-ins serve the rest (tensorrt_llm, the
+# trtllm-serve processes). CosyVoice3's token2wav and vocoder run on fakes of their two
+# networks, whose upstream classes no PyPI package holds (cv3_fakes).
 COSYVOICE2_OURS = ("cosyvoice2", "token2wav", "audio_tokenizer", "speaker_embedding")
-COSYVOICE3_OURS = ("cosyvoice3", "audio_tokenizer", "speaker_embedding")
+COSYVOICE3_OURS = ("cosyvoice3", "token2wav", "vocoder", "audio_tokenizer", "speaker_embedding")
 FIRST_CHUNK_TOKENS = 10
 TRANSCRIPT = "This is the default voice of the service, reading a sentence of its own."
 TARGET = "Hello there."
@@ -77,12 +78,14 @@ class CosyVoice2Twin:
 @dataclass(frozen=True)
 class CosyVoice3Twin:
     """The CosyVoice3 twin (``conftest.cosyvoice3_twin``): the server, the stand-in LLM
-    servers, the repository and the default speaker's file."""
+    servers, the repository, the default speaker's file and the folder where each instance
+    recorded its device."""
 
     server: cpu_twin.TritonServer
     llm: cpu_twin.LlmStandIn
     repo: Path
     speaker: Path
+    device_records: Path
 
 
 def library_path() -> str:
