@@ -1,8 +1,10 @@
 """Prompt features of a reference recording, in NumPy (the orchestrator keeps no torch).
 
-What the flow is conditioned on (CosyVoice2's ``cosyvoice2.yaml``: ``feat_extractor``, i.e.
-Matcha-TTS' ``mel_spectrogram`` with n_fft 1920, 80 bins, 24 kHz, hop 480, window 1920,
-fmin 0, fmax 8000, ``center=False``): reflect padding of (n_fft - hop) / 2 on each side, a
+What the flow is conditioned on (the release's ``feat_extractor``, i.e. Matcha-TTS'
+``mel_spectrogram`` with n_fft 1920, 80 bins, 24 kHz, hop 480, window 1920, fmin 0,
+``center=False``, and fmax 8000 in CosyVoice2's ``cosyvoice2.yaml``, ``null`` in CosyVoice3's
+``cosyvoice3.yaml``, i.e. the Nyquist frequency, 12 kHz, as upstream's CosyVoice3 orchestrator
+computes it): reflect padding of (n_fft - hop) / 2 on each side, a
 periodic Hann window, magnitude ``sqrt(power + 1e-9)``, a Slaney-scale, Slaney-normalised
 mel filterbank (librosa's default), then ``log(max(x, 1e-5))``. The 16 kHz reference is
 brought to 24 kHz by linear interpolation (upstream: torchaudio's sinc resampler; the
@@ -21,7 +23,10 @@ REFERENCE_RATE = 16000
 N_FFT = 1920
 HOP = 480
 MELS = 80
-F_MAX = 8000.0
+F_MAX = 8000.0  # CosyVoice2's; CosyVoice3's release says null: SAMPLE_RATE / 2
+NYQUIST = SAMPLE_RATE / 2.0
+# How a yaml writes "no fmax" (hyperpyyaml reads them as None: librosa then takes Nyquist).
+NO_F_MAX = ("null", "None", "~")
 
 
 def _hz_to_mel(hz: Any) -> Any:
@@ -52,7 +57,7 @@ def mel_filterbank(
     return weights.astype(np.float32)
 
 
-_BANK = mel_filterbank()
+_BANKS = {F_MAX: mel_filterbank(), NYQUIST: mel_filterbank(f_max=NYQUIST)}
 _WINDOW = (0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
 
 
@@ -63,8 +68,11 @@ def resample_to_24k(wav16k: Any) -> Any:
     return np.interp(at, np.arange(len(samples)), samples).astype(np.float32)
 
 
-def prompt_mel(wav16k: Any) -> Any:
-    """[frames, 80] log-mel of a 16 kHz reference, at 24 kHz and 50 frames per second."""
+def prompt_mel(wav16k: Any, f_max: float = F_MAX) -> Any:
+    """[frames, 80] log-mel of a 16 kHz reference, at 24 kHz and 50 frames per second, up to
+    ``f_max`` (the release's: :func:`check_release`)."""
+    if f_max not in _BANKS:
+        raise ValueError(f"no mel filterbank up to {f_max} Hz (known: {sorted(_BANKS)})")
     wav = resample_to_24k(wav16k)
     pad = (N_FFT - HOP) // 2
     if len(wav) <= pad:
@@ -76,7 +84,7 @@ def prompt_mel(wav16k: Any) -> Any:
     index = np.arange(N_FFT)[None, :] + HOP * np.arange(frames)[:, None]
     spectrum = np.fft.rfft(wav[index] * _WINDOW, axis=1)
     magnitude = np.sqrt(np.abs(spectrum) ** 2 + 1e-9)
-    mel = magnitude.astype(np.float32) @ _BANK.T
+    mel = magnitude.astype(np.float32) @ _BANKS[f_max].T
     return np.log(np.maximum(mel, 1e-5)).astype(np.float32)
 
 
@@ -92,11 +100,13 @@ EXPECTED = {
 }
 
 
-def check_release(yaml_text: str) -> None:
-    """Refuse a release whose ``feat_extractor`` (the prompt mel the flow was trained on)
-    differs from what :func:`prompt_mel` computes. Reads the entry's one-line values from the
-    yaml's text (``!ref <sample_rate>`` resolved from the top-level scalar) without building
-    anything."""
+def check_release(yaml_text: str) -> float:
+    """The ``f_max`` of :func:`prompt_mel` for this release: 8000 Hz where its
+    ``feat_extractor`` says 8000 (CosyVoice2), Nyquist where it says ``null`` (CosyVoice3).
+    Refuses a release whose ``feat_extractor`` (the prompt mel the flow was trained on)
+    differs otherwise from what :func:`prompt_mel` computes. Reads the entry's one-line values
+    from the yaml's text (``!ref <sample_rate>`` resolved from the top-level scalar) without
+    building anything."""
     scalars: dict[str, str] = {}
     feat: dict[str, str] = {}
     found = inside = False
@@ -116,6 +126,10 @@ def check_release(yaml_text: str) -> None:
         if value.startswith("!ref <") and value.endswith(">"):
             value = scalars.get(value[len("!ref <") : -1], value)
         resolved[key] = value
+    no_f_max = resolved.get("fmax") in NO_F_MAX
+    if no_f_max:
+        resolved["fmax"] = EXPECTED["fmax"]
     wrong = {k: resolved.get(k) for k, v in EXPECTED.items() if resolved.get(k) != v}
     if wrong:
         raise ValueError(f"the release's feat_extractor differs from the prompt mel here: {wrong}")
+    return NYQUIST if no_f_max else F_MAX

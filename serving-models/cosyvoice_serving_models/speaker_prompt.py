@@ -80,12 +80,12 @@ def load_16k(path: Path) -> Any:
 def compute(model_dir: Path, variant: str, wav: Any, transcript: str) -> speakers.Prompt:
     from cosyvoice_serving_models import speaker_embedding, speech_tokenizer
 
-    features.check_release((model_dir / YAMLS[variant]).read_text())
+    f_max = features.check_release((model_dir / YAMLS[variant]).read_text())
     tokenizer = speech_tokenizer.load(model_dir / speech_tokenizer.SPEECH_TOKENIZER[variant], "cpu")
     [tokens] = speech_tokenizer.tokenize(tokenizer, [wav], "cpu")
     network = speaker_embedding.session(str(model_dir / "campplus.onnx"), "cpu")
     embedding = speaker_embedding.embed(network, wav)
-    return speakers.aligned(transcript, tokens, features.prompt_mel(wav), embedding)
+    return speakers.aligned(transcript, tokens, features.prompt_mel(wav, f_max), embedding)
 
 
 def main(argv: list[str] | None = None) -> int:

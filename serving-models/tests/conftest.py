@@ -65,15 +65,18 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cosyvoice3_model_dir(tmp_path_factory: pytest.TempPathFactory, release: Path) -> Path:
     """A CosyVoice3 model directory: a ``cosyvoice3.yaml`` of upstream's layout whose flow and
     vocoder are the narrowest fakes of the two networks no PyPI package holds
-    (``cv3_fakes``), with the tiny release's ``feat_extractor``, and their ``flow.pt`` and
+    (``cv3_fakes``), with the tiny release's ``feat_extractor`` at CosyVoice3's ``fmax: null``,
+    and their ``flow.pt`` and
     ``hift.pt``; the tiny release's tokenizer and ``campplus.onnx``; a tiny
     ``speech_tokenizer_v3.onnx`` (``tiny_onnx``)."""
     model_dir = tmp_path_factory.mktemp("cosyvoice3") / "model"
     (model_dir / "llm").mkdir(parents=True)
     feat_extractor = model_dir.parent / "feat_extractor.yaml"
-    feat_extractor.write_text(
-        yaml_entry((release / "cosyvoice2.yaml").read_text(), "feat_extractor")
-    )
+    # CosyVoice3's release computes the prompt mel up to Nyquist (fmax: null), CosyVoice2's
+    # up to 8 kHz: the orchestrator and the speaker tool follow the release.
+    extractor = yaml_entry((release / "cosyvoice2.yaml").read_text(), "feat_extractor")
+    assert "    fmax: 8000\n" in extractor
+    feat_extractor.write_text(extractor.replace("    fmax: 8000\n", "    fmax: null\n"))
     debian_python(
         "-c",
         "import sys; sys.path.insert(0, sys.argv[3]); import cv3_fakes; "

@@ -78,6 +78,26 @@ def test_a_release_whose_prompt_mel_differs_is_refused() -> None:
         features.check_release(YAML.replace("feat_extractor:", "other_extractor:"))
 
 
+def test_cosyvoice3s_prompt_mel_goes_up_to_nyquist() -> None:
+    """CosyVoice3's release yaml says ``fmax: null`` (upstream's CosyVoice3 orchestrator
+    computes its prompt mel with ``fmax=None``): accepted, and the mel then spans 0-12 kHz;
+    CosyVoice2's says 8000."""
+    from cosyvoice_serving_models.tiny_release import YAML
+
+    assert features.check_release(YAML) == 8000.0
+    cosyvoice3 = YAML.replace("    fmax: 8000\n", "    fmax: null\n")
+    assert cosyvoice3 != YAML
+    assert features.check_release(cosyvoice3) == 12000.0
+    wav = np.random.default_rng(3).standard_normal(16000).astype(np.float32)
+    low, full = features.prompt_mel(wav), features.prompt_mel(wav, 12000.0)
+    assert low.shape == full.shape == (50, 80)
+    assert np.abs(low - full).max() > 0.1
+    bank = features.mel_filterbank(f_max=12000.0)
+    assert bank[:, np.fft.rfftfreq(1920, 1 / 24000) > 8000].max() > 0
+    with pytest.raises(ValueError, match="fmax"):
+        features.check_release(YAML.replace("    fmax: 8000\n", "    fmax: 11000\n"))
+
+
 def test_llm_groups_least_loaded_across_holders(tmp_path: Path) -> None:
     from cosyvoice_serving_models.llm_groups import LeastLoaded
 

@@ -74,7 +74,7 @@ class TritonPythonModel(OneStreamAtATime):
         # The release's yaml says how the flow's prompt mel is computed: refuse one that
         # features.prompt_mel would get wrong.
         model_dir = Path(contract.parameter(params, MODEL, "model_dir"))
-        features.check_release((model_dir / "cosyvoice2.yaml").read_text())
+        self.f_max = features.check_release((model_dir / "cosyvoice2.yaml").read_text())
         tokenizer_dir = Path(contract.parameter(params, MODEL, "llm_tokenizer_dir"))
         self.tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
         eos = self.tokenizer.token_to_id("<|eos1|>")
@@ -146,7 +146,7 @@ class TritonPythonModel(OneStreamAtATime):
         embedding = self._call(
             "speaker_embedding", {"reference_wav": wav}, ["prompt_spk_embedding"]
         )["prompt_spk_embedding"]
-        mel = features.prompt_mel(wav)
+        mel = features.prompt_mel(wav, self.f_max)
         prompt = np.array(speech_tokens(tokens), dtype=np.int32)
         count = min(mel.shape[0] // 2, len(prompt))
         speaker = (

@@ -59,7 +59,7 @@ class TritonPythonModel(OneStreamAtATime):
         params = config.get("parameters", {})
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         model_dir = Path(contract.parameter(params, MODEL, "model_dir"))
-        features.check_release((model_dir / "cosyvoice3.yaml").read_text())
+        self.f_max = features.check_release((model_dir / "cosyvoice3.yaml").read_text())
         tokenizer_dir = Path(contract.parameter(params, MODEL, "llm_tokenizer_dir"))
         self.tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
         first = contract.parameter(params, MODEL, "llm_api_base")
@@ -121,7 +121,7 @@ class TritonPythonModel(OneStreamAtATime):
             "prompt_speech_tokens",
         ).reshape(-1)
         embedding = self._call("speaker_embedding", {"reference_wav": wav}, "prompt_spk_embedding")
-        mel = features.prompt_mel(wav)
+        mel = features.prompt_mel(wav, self.f_max)
         count = min(mel.shape[0] // 2, len(tokens))
         speaker = (
             tokens[:count].astype(np.int32).reshape(1, -1),
