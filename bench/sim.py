@@ -7,6 +7,9 @@ Prometheus outage; 3 seeds; every sweep), written to bench/results/sim.{json,txt
     .venv/bin/python bench/sim.py --reuse bench/results/sim.json   # baselines' runs kept
     .venv/bin/python bench/sim.py --sensitivity        # issue 22 item 7, to sim-sensitivity.*
 
+``--rerun-slo`` reuses every run but our SLO-sizing points' (the baselines' and our
+target-tracking points' code unchanged), and the clairvoyant bounds of the documents given.
+
 ``--reuse`` takes the runs of the baselines whose code did not change (HPA on queue time and
 on concurrency, KEDA, KPA, static: ``REUSABLE``) from an earlier ``sim.json`` instead of
 simulating them again (they are deterministic per seed: a second run reproduces them); every
@@ -83,6 +86,11 @@ def main() -> int:
     parser.add_argument(
         "--reuse-all", action="store_true", help="reuse every policy's runs (same code only)"
     )
+    parser.add_argument(
+        "--rerun-slo",
+        action="store_true",
+        help="as --reuse-all, but our SLO-sizing points run again (their code changed)",
+    )
     parser.add_argument("--evals", default="", help="comma-separated evaluation traces to keep")
     parser.add_argument("--log", action="store_true", help="a line per run on stderr (jobs 1)")
     parser.add_argument("--sensitivity", action="store_true", help="issue 22 item 7 instead")
@@ -99,13 +107,15 @@ def main() -> int:
         keep = args.evals.split(",")
         exp = replace(exp, evals=tuple(r for r in exp.evals if r.name in keep))
     started = time.monotonic()
-    kept = POLICIES if args.reuse_all else REUSABLE
+    kept = POLICIES if args.reuse_all or args.rerun_slo else REUSABLE
     reuse: ex.Reuse = {}
     known: list[oracle.Bound] = []
     for earlier in args.reuse or []:
         document = json.loads(earlier.read_text())
         reuse.update(ex.reusable(document, kept))
         known += oracle.bounds_from_json(document)  # the bounds depend on no policy
+    if args.rerun_slo:  # our SLO points (the keys with slo_ms) are simulated again
+        reuse = {k: v for k, v in reuse.items() if not (k[2] == "cosyvoice" and "slo_ms=" in k[3])}
     exp = replace(exp, known_bounds=tuple(known))
     result = ex.run_experiment(exp, timelines=True, reuse=reuse)
     elapsed = time.monotonic() - started
