@@ -1,6 +1,11 @@
 """``bench/results/gpu-sweep.json`` and ``gpu-sweep.png`` from a sweep's raw output.
 
-    .venv/bin/python bench/gpu/report.py bench/results/gpu-runs/run3-graphs-host-outputs.json
+    .venv/bin/python bench/gpu/report.py RAW.json [RAW2.json ...]
+
+Several raw files (or a point named twice in one) are runs of the same points: a point's
+``goodput_rps`` is its first run's, ``repeat_goodput_rps`` the others', and the best point and
+the operator's choice are compared on the mean over runs (``mean_goodput_rps``). ``requests``
+and ``lost_streams`` (streams that ended in an error, whatever their latency) sum over runs.
 
 A point's goodput at SLO is the good requests per second (first chunk within the target, no
 error) of the highest load step that met the SLO (p95 first chunk within the target, failed
@@ -38,6 +43,30 @@ def operator_choice() -> dict[str, Any]:
     }
 
 
+# What ran for each model in the issue-20 sweep (pack.py --code ours on full_release.py).
+NETWORKS = {
+    "cosyvoice2": "ours (serving-models/models/cosyvoice2): orchestrator, one stream per instance",
+    "token2wav": (
+        "ours on upstream's flow and HiFT (token2wav-cosyvoice 0.1.0 modules) at the release's"
+        " dimensions, random weights; the flow estimator as CUDA graphs (fp16), encoder and"
+        " HiFT eager"
+    ),
+    "tensorrt_llm": (
+        "stand-in: Qwen2-0.5B-shaped torch decoder, CUDA-graph decode, in-flight batching,"
+        " random weights (TensorRT-LLM cannot be carried)"
+    ),
+    "audio_tokenizer": "stand-in (bench/gpu/standins), once per voice (the speaker cache)",
+    "speaker_embedding": "stand-in (bench/gpu/standins), once per voice (the speaker cache)",
+}
+
+
+def lost_streams(raw: dict[str, Any]) -> int:
+    """Requests that ended in an error anywhere in a point's run (sweep.py counts them)."""
+    if "lost_streams" in raw:
+        return int(raw["lost_streams"])
+    return sum(s["errors"] for s in raw.get("steps", []))
+
+
 def point(raw: dict[str, Any], slo_ms: float) -> dict[str, Any]:
     steps = raw.get("steps", [])
     passing = [s for s in steps if loadgen.meets_slo(s, slo_ms)]
@@ -57,10 +86,36 @@ def point(raw: dict[str, Any], slo_ms: float) -> dict[str, Any]:
         "gpu_utilization_mean": best["gpu_utilization_mean"] if best else None,
         "gpu_memory_max_gib": raw.get("gpu_memory_max_gib"),
         "ready_s": raw.get("ready_s"),
+        "requests": raw.get("requests", requests),
+        "lost_streams": lost_streams(raw),
+        "concurrency_profile": raw.get("concurrency_profile"),
         "steps": steps,
         "model_stats": raw.get("model_stats"),
         **({"error": raw["error"]} if "error" in raw else {}),
     }
+
+
+def merge_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per point: its first run, with the other runs' goodput beside it, the mean
+    and the spread ((max - min) / mean), and requests and lost streams summed over runs."""
+    merged: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        first = merged.get(run["name"])
+        if first is None:
+            merged[run["name"]] = {**run, "repeat_goodput_rps": []}
+            continue
+        first["repeat_goodput_rps"].append(run["goodput_rps"])
+        first["requests"] += run["requests"]
+        first["lost_streams"] += run["lost_streams"]
+    for entry in merged.values():
+        values = [entry["goodput_rps"], *entry["repeat_goodput_rps"]]
+        mean = sum(values) / len(values)
+        entry["mean_goodput_rps"] = round(mean, 3)
+        entry["goodput_spread"] = round((max(values) - min(values)) / mean, 3) if mean else None
+        entry["lost_stream_rate"] = (
+            round(entry["lost_streams"] / entry["requests"], 4) if entry["requests"] else None
+        )
+    return list(merged.values())
 
 
 def multi_gpu(points: list[dict[str, Any]], memory_floor_gib: float = 1.0) -> dict[str, Any]:
@@ -132,15 +187,16 @@ def plot(points: list[dict[str, Any]], choice: str, out: Path, device: str) -> N
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("raw", type=Path, help="a sweep.py output")
+    parser.add_argument("raw", type=Path, nargs="+", help="sweep.py outputs (runs of one build)")
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu-sweep.json")
     parser.add_argument(
         "--multi-gpu", action="store_true", help="issue 13: write results/multi-gpu.json instead"
     )
     args = parser.parse_args()
-    raw = json.loads(args.raw.read_text())
+    raws = [json.loads(path.read_text()) for path in args.raw]
+    raw = raws[0]
     slo = float(raw["slo_first_chunk_ms"])
-    points = [point(p, slo) for p in raw["points"]]
+    points = merge_runs([point(p, slo) for r in raws for p in r["points"]])
     if args.multi_gpu:
         out = args.out if args.out != RESULTS / "gpu-sweep.json" else RESULTS / "multi-gpu.json"
         summary = {"device": raw["device"], **multi_gpu(points), "points": points}
@@ -149,36 +205,41 @@ def main() -> int:
         return 0
     wanted = operator_choice()
     chosen = next((p for p in points if p["params"] == wanted), None)
-    best = max(points, key=lambda p: p["goodput_rps"])
+    best = max(points, key=lambda p: p["mean_goodput_rps"])
     report = {
         "device": raw["device"],
-        "source": str(args.raw),
+        "source": [str(path) for path in args.raw],
+        "code": raw.get("code", "standins"),
+        "networks": NETWORKS if raw.get("code") == "ours" else "stand-ins (bench/gpu/standins)",
         "slo_first_chunk_ms": slo,
         "audio_seconds_mean": raw.get("audio_seconds_mean"),
+        "requests": sum(p["requests"] for p in points),
+        "lost_streams": sum(p["lost_streams"] for p in points),
         "points": points,
         "best": {
             "name": best["name"],
             "params": best["params"],
-            "goodput_rps": best["goodput_rps"],
+            "goodput_rps": best["mean_goodput_rps"],
         },
         "operator_choice": {
             "params": wanted,
-            "goodput_rps": chosen["goodput_rps"] if chosen else None,
+            "name": chosen["name"] if chosen else None,
+            "goodput_rps": chosen["mean_goodput_rps"] if chosen else None,
             "closed_loop_rps": chosen["closed_loop_rps"] if chosen else None,
             "fraction_of_best": (
-                round(chosen["goodput_rps"] / best["goodput_rps"], 3)
-                if chosen and best["goodput_rps"]
+                round(chosen["mean_goodput_rps"] / best["mean_goodput_rps"], 3)
+                if chosen and best["mean_goodput_rps"]
                 else None
             ),
         },
     }
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     plot(points, chosen["name"] if chosen else "", args.out.with_suffix(".png"), raw["device"])
-    for p in sorted(points, key=lambda p: -p["goodput_rps"]):
+    for p in sorted(points, key=lambda p: -p["mean_goodput_rps"]):
         print(
-            f"{p['name']:32} goodput {p['goodput_rps']:5.2f}/s  capacity "
+            f"{p['name']:32} goodput {p['goodput_rps']:5.2f}/s {p['repeat_goodput_rps']}  capacity "
             f"{p['closed_loop_rps'] or 0:5.2f}/s  p95 first {p['p95_first_chunk_ms']} ms  "
-            f"errors {p['error_rate']}"
+            f"lost {p['lost_streams']}/{p['requests']}"
         )
     print("operator choice:", json.dumps(report["operator_choice"]))
     return 0
