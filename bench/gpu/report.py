@@ -213,6 +213,7 @@ def main() -> int:
         "networks": NETWORKS if raw.get("code") == "ours" else "stand-ins (bench/gpu/standins)",
         "slo_first_chunk_ms": slo,
         "audio_seconds_mean": raw.get("audio_seconds_mean"),
+        "step_seconds": raw.get("step_seconds"),
         "requests": sum(p["requests"] for p in points),
         "lost_streams": sum(p["lost_streams"] for p in points),
         "points": points,

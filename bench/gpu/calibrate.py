@@ -1,0 +1,133 @@
+"""Issue 20, item 6: the simulator's per-pod model fitted to the H200 sweep, and checked
+against it. Writes ``bench/results/sim-calibration-h200.json``.
+
+    .venv/bin/python bench/gpu/calibrate.py [--sweep bench/results/gpu-sweep.json] [--point NAME]
+
+The fit (one pod on one H200, the point the operator renders by default unless ``--point``):
+
+- ``slots``: the point's orchestrator instances (one stream each);
+- ``first_chunk_s``: the p50 first chunk with one stream (the sweep's concurrency profile);
+- ``first_chunk_per_stream_s``: the least-squares slope of the p50 first chunk over the other
+  streams in flight (profile at 1, 4 and 16 streams, through the one-stream point);
+- ``rtf``: seconds a stream holds its slot per second of audio, the p50 RTF per stream with
+  every profiled stream busy (the plant's RTF does not fall with load: conservative below it);
+- ``overhead_s``: 0 (the RTF is measured on whole requests).
+
+The check is not circular: the sweep's open-loop steps (Poisson arrivals at a fixed rate for
+``step_seconds``, from an idle pod, audio lengths from the conversation trace) are replayed
+through the simulator's ``Plant`` with the fitted model, many seeds per step, and the measured
+p95 first chunk is compared with the simulated p95's median and 10-90 % range. Steps with
+lost streams are left out (the plant loses none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from cosyvoice_operator.devtools.sim.engine import quantile
+from cosyvoice_operator.devtools.sim.plant import Plant, ServiceModel
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE.parents[1] / "results"
+sys.path.insert(0, str(HERE))
+import loadgen  # noqa: E402
+
+TRACE = HERE.parents[2] / "shared" / "traces" / "azure_llm_2023_conv.csv"
+
+
+def fit(point: dict[str, Any]) -> ServiceModel:
+    profile = {int(k): v for k, v in point["concurrency_profile"].items()}
+    slots = int(point["params"]["orchestratorPerGpu"]) * int(point["params"].get("gpus", 1))
+    one = profile[1]["p50_first_chunk_ms"] / 1000
+    others = [(k - 1, v["p50_first_chunk_ms"] / 1000 - one) for k, v in profile.items() if k > 1]
+    slope = sum(x * y for x, y in others) / sum(x * x for x, _ in others) if others else 0.0
+    busiest = max(profile)
+    return ServiceModel(
+        slots=slots,
+        rtf=round(float(profile[busiest]["p50_rtf"]), 4),
+        overhead_s=0.0,
+        first_chunk_s=round(one, 4),
+        first_chunk_per_stream_s=round(max(0.0, slope), 5),
+    )
+
+
+def simulate_step(
+    model: ServiceModel, rate: float, seconds: float, lengths: list[float], seed: int
+) -> float:
+    """The p95 first audio of one open-loop step from an idle pod (seconds)."""
+    rng = random.Random(seed)
+    plant = Plant(model, cold_start_s=0.0, initial_ready=1, give_up_s=1e9)
+    plant.tick(0.0)
+    t, firsts = rng.expovariate(rate), []
+    while t < seconds:
+        firsts.append(plant.dispatch(t, rng.choice(lengths)))
+        t += rng.expovariate(rate)
+    return quantile(sorted(firsts), 0.95)
+
+
+def agreements(
+    point: dict[str, Any], model: ServiceModel, seconds: float, lengths: list[float], seeds: int
+) -> list[dict[str, Any]]:
+    rows = []
+    for index, step in enumerate(point["steps"]):
+        if step["errors"] or not step["requests"]:
+            continue
+        sims = sorted(
+            simulate_step(model, step["rate_rps"], seconds, lengths, 1000 * index + s)
+            for s in range(seeds)
+        )
+        real = step["p95_first_chunk_ms"] / 1000
+        rows.append(
+            {
+                "rate_rps": step["rate_rps"],
+                "requests": step["requests"],
+                "real_p95_s": round(real, 3),
+                "sim_p95_s_median": round(quantile(sims, 0.5), 3),
+                "sim_p95_s_10_90": [round(quantile(sims, 0.1), 3), round(quantile(sims, 0.9), 3)],
+                "real_within_sim_10_90": quantile(sims, 0.1) <= real <= quantile(sims, 0.9),
+            }
+        )
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", type=Path, default=RESULTS / "gpu-sweep.json")
+    parser.add_argument("--point", default="", help="default: the operator's choice")
+    parser.add_argument("--seeds", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=RESULTS / "sim-calibration-h200.json")
+    args = parser.parse_args()
+    sweep = json.loads(args.sweep.read_text())
+    name = args.point or sweep["operator_choice"]["name"]
+    point = next(p for p in sweep["points"] if p["name"] == name)
+    model = fit(point)
+    lengths = loadgen.audio_lengths(TRACE)
+    seconds = float(sweep.get("step_seconds", 6.0))
+    rows = agreements(point, model, seconds, lengths, args.seeds)
+    doc = {
+        "source": str(args.sweep),
+        "device": sweep["device"],
+        "point": name,
+        "model": model.__dict__,
+        "step_seconds": seconds,
+        "seeds": args.seeds,
+        "agreements": rows,
+    }
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc["model"]))
+    for row in rows:
+        print(
+            f"rate {row['rate_rps']:.2f}/s ({row['requests']} requests): p95 real "
+            f"{row['real_p95_s']:.3f} s, sim {row['sim_p95_s_median']:.3f} s "
+            f"(10-90 % {row['sim_p95_s_10_90']})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
