@@ -10,7 +10,11 @@ like every file, names it in ``layout.defaultSpeaker``, and records where it cam
 checks it, and the orchestrator reads it for requests without reference audio.
 
 ``COSYVOICE_SPEAKER_PROMPT`` replaces the tool's command (default:
-``$TRTLLM_PYTHON -m cosyvoice_serving_models.speaker_prompt``).
+``$TRTLLM_PYTHON -m cosyvoice_serving_models.speaker_prompt``). The builder image ships the
+tool and what it imports (``engine-builder/Dockerfile``: the package copied from
+``serving-models/``, torchaudio built at the serving image's commit, ``s3tokenizer`` and
+ONNX Runtime at exact versions; ``tests/engine_builder/test_builder_image.py`` keeps that
+list and ``_IMPORTS`` in step with the tool's imports).
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ class SpeakerAudioMissing(Exception):
     """The recording is not where the request says (a permanent failure)."""
 
 
-# What the default tool imports: the serving models' package and the libraries of the
-# audio_tokenizer and speaker_embedding models it computes with.
+# What the default tool imports beyond the standard library, NumPy and PyTorch: the serving
+# models' package and the libraries of the audio_tokenizer and speaker_embedding models it
+# computes with (most of them only when it runs, hence the import here). The builder image
+# installs each (engine-builder/Dockerfile).
 _IMPORTS = (TOOL_MODULE, "s3tokenizer", "onnxruntime", "torchaudio")
 
 
@@ -45,8 +51,9 @@ def require_tool(
 ) -> None:
     """In preflight, before any GPU work: the tool runs in this image (ToolchainError if not).
 
-    The builder image does not install these yet (engine-builder/README.md): there, a
-    build with a default speaker fails here, for good, saying so."""
+    The builder image has these modules (its build imports them); this catches another image
+    set as the builder, or a ``TRTLLM_PYTHON`` that is not the image's Python, before the
+    download and the engine builds rather than after."""
     prefix = environ.get("COSYVOICE_SPEAKER_PROMPT")
     if prefix:
         require_executable(shlex.split(prefix)[0], "COSYVOICE_SPEAKER_PROMPT", environ)
