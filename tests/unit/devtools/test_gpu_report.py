@@ -69,3 +69,46 @@ def test_multi_gpu_compares_one_and_two_gpus_and_counts_the_gpus_used() -> None:
     assert summary["ratio"] == 1.9
     assert summary["gpus_with_instances"] == 2
     assert summary["two_gpu_point"] == "two" and summary["errors"] == 0
+
+
+def test_runs_of_one_point_merge_with_their_spread_and_lost_streams() -> None:
+    def run(name: str, good: float, lost: int) -> Any:
+        raw = {"name": name, "params": {}, "steps": [step(good, 500.0, errors=lost)]}
+        return report.point(raw, 1000.0)
+
+    merged = report.merge_runs([run("a", 4.0, 0), run("b", 2.0, 1), run("a", 3.0, 2)])
+    by_name = {p["name"]: p for p in merged}
+    assert by_name["a"]["goodput_rps"] == 4.0
+    assert by_name["a"]["repeat_goodput_rps"] == [3.0]
+    assert by_name["a"]["mean_goodput_rps"] == 3.5
+    assert by_name["a"]["goodput_spread"] == round(1.0 / 3.5, 3)
+    assert (by_name["a"]["requests"], by_name["a"]["lost_streams"]) == (80, 2)
+    assert by_name["a"]["lost_stream_rate"] == 0.025
+    assert by_name["b"]["repeat_goodput_rps"] == [] and by_name["b"]["goodput_spread"] == 0.0
+
+
+calibrate = _load("calibrate")
+
+
+def test_the_pod_model_is_fitted_to_the_concurrency_profile() -> None:
+    profile = {
+        "1": {"p50_first_chunk_ms": 200.0, "p50_rtf": 0.2},
+        "4": {"p50_first_chunk_ms": 350.0, "p50_rtf": 0.3},
+        "16": {"p50_first_chunk_ms": 950.0, "p50_rtf": 0.6},
+    }
+    point = {"params": {"orchestratorPerGpu": 16}, "concurrency_profile": profile}
+    model = calibrate.fit(point)
+    assert (model.slots, model.rtf, model.first_chunk_s, model.overhead_s) == (16, 0.6, 0.2, 0.0)
+    assert abs(model.first_chunk_per_stream_s - 0.05) < 1e-9  # both points on one line
+
+
+def test_a_heavier_step_simulates_a_longer_first_audio() -> None:
+    model = calibrate.fit(
+        {
+            "params": {"orchestratorPerGpu": 4},
+            "concurrency_profile": {"1": {"p50_first_chunk_ms": 200.0, "p50_rtf": 0.5}},
+        }
+    )
+    light = sorted(calibrate.simulate_step(model, 0.2, 60.0, [8.0], s) for s in range(30))
+    heavy = sorted(calibrate.simulate_step(model, 1.5, 60.0, [8.0], s) for s in range(30))
+    assert light[15] < 0.5 < heavy[15]  # 4 slots of 4 s serve 1 req/s: 1.5 queues
