@@ -33,7 +33,25 @@ import loadgen
 MODEL = "cosyvoice2"
 HOST = "127.0.0.1"
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 18000, 18001, 18002
-FRACTIONS = (0.6, 0.8, 0.95, 1.1)
+# The open-loop steps, as fractions of the closed-loop capacity: from 0.6 up while the SLO
+# holds; if 0.6 misses it, down until a step holds it (the real networks' knee is far below
+# their saturated throughput). A rung's seed is fixed by its fraction, so a point's steps are
+# the same requests in every run.
+UP = (0.6, 0.8, 0.95, 1.1)
+DOWN = (0.45, 0.3, 0.15)
+SEEDS = {f: 10 + i for i, f in enumerate(UP + DOWN)}
+
+
+def next_fraction(fraction: float, ok: bool, passed: bool) -> float | None:
+    """The step after a step at ``fraction`` (``ok``: it met the SLO; ``passed``: some step
+    of this point already had), or None when the point is measured."""
+    if ok and fraction in UP:
+        i = UP.index(fraction)
+        return UP[i + 1] if i + 1 < len(UP) else None
+    if not ok and not passed and fraction in (UP[0], *DOWN):
+        i = DOWN.index(fraction) + 1 if fraction in DOWN else 0
+        return DOWN[i] if i < len(DOWN) else None
+    return None
 PROFILE_CONCURRENCY = (1, 4, 16)
 PROFILE_AUDIO_SECONDS = 8.0  # the trace's mean (8.4 s)
 
@@ -229,15 +247,17 @@ def measure(lengths: list[float], concurrency: int, args: argparse.Namespace) ->
     capacity = sum(1 for r in probe if not r.error) / args.probe_seconds
     steps: list[dict[str, Any]] = []
     best: dict[str, Any] | None = None
-    for i, fraction in enumerate(FRACTIONS):
+    fraction: float | None = UP[0]
+    while fraction is not None:
         rate = max(0.2, fraction * capacity)
         with GpuSampler() as gpu:
             results = asyncio.run(
                 loadgen.open_loop(
-                    HOST, HTTP_PORT, MODEL, rate, args.step_seconds, lengths, seed=10 + i
+                    HOST, HTTP_PORT, MODEL, rate, args.step_seconds, lengths, SEEDS[fraction]
                 )
             )
         step = {
+            "fraction": fraction,
             "rate_rps": round(rate, 3),
             **loadgen.summarize(results, args.step_seconds, slo),
             **gpu.summary(),
@@ -249,9 +269,9 @@ def measure(lengths: list[float], concurrency: int, args: argparse.Namespace) ->
             f"gpu {step['gpu_utilization_mean']}"
         )
         ok = loadgen.meets_slo(step, args.slo_ms)
-        if not ok:
-            break
-        best = step
+        fraction = next_fraction(fraction, ok, best is not None)
+        if ok:
+            best = step
     profile = concurrency_profile(args)
     every = [*warm, *probe]
     return {
