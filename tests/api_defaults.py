@@ -47,7 +47,7 @@ _DEFAULTS: dict[str, Any] = {
         "slo": {
             "firstAudioMilliseconds": 0,
             "attainmentPercent": 99,
-            "firstChunkMilliseconds": 1107,
+            "firstChunkMilliseconds": 0,
             "coldStartSeconds": 180,
             "forecastStdDevs": 1,
             "variability": 1,

@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cosyvoice_operator.api.gpus import family
+from cosyvoice_operator.autoscaling import pod_profiles
 from cosyvoice_operator.devtools.sim.engine import quantile
 from cosyvoice_operator.devtools.sim.plant import Plant, ServiceModel
 
@@ -54,6 +56,31 @@ def fit(point: dict[str, Any]) -> ServiceModel:
         first_chunk_s=round(one, 4),
         first_chunk_per_stream_s=round(max(0.0, slope), 5),
     )
+
+
+def busy_first_chunk_ms(point: dict[str, Any], model: ServiceModel) -> int:
+    """The first chunk with every slot busy: measured where the profile ran that many streams,
+    else the fit's line at ``slots`` streams."""
+    profile = {int(k): v for k, v in point["concurrency_profile"].items()}
+    if model.slots in profile:
+        return round(profile[model.slots]["p50_first_chunk_ms"])
+    line = model.first_chunk_s + model.first_chunk_per_stream_s * (model.slots - 1)
+    return round(1000 * line)
+
+
+def write_profile(path: Path, gpu: str, model: ServiceModel, busy_ms: int, source: str) -> None:
+    """Record the fit as the GPU family's pod profile (``autoscaling/pod_profiles.py``)."""
+    doc = json.loads(path.read_text()) if path.is_file() else {"profiles": {}}
+    doc["profiles"][gpu] = {
+        "slots": model.slots,
+        "rtf": model.rtf,
+        "overhead_s": model.overhead_s,
+        "first_chunk_s": model.first_chunk_s,
+        "first_chunk_per_stream_s": model.first_chunk_per_stream_s,
+        "first_chunk_busy_ms": busy_ms,
+        "source": source,
+    }
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
 def simulate_step(
@@ -101,6 +128,12 @@ def main() -> int:
     parser.add_argument("--point", default="", help="default: the operator's choice")
     parser.add_argument("--seeds", type=int, default=200)
     parser.add_argument("--out", type=Path, default=RESULTS / "sim-calibration-h200.json")
+    parser.add_argument(
+        "--profiles",
+        type=Path,
+        default=pod_profiles.MEASURED,
+        help="the operator's measured pod profiles, updated with this fit (default: %(default)s)",
+    )
     args = parser.parse_args()
     sweep = json.loads(args.sweep.read_text())
     name = args.point or sweep["operator_choice"]["name"]
@@ -119,6 +152,17 @@ def main() -> int:
         "agreements": rows,
     }
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    gpu = family(str(sweep["device"]).split(",")[0].strip().replace(" ", "-"))
+    busy = busy_first_chunk_ms(point, model)
+    write_profile(
+        args.profiles,
+        gpu,
+        model,
+        busy,
+        f"this project's GPU sweep on one {gpu} (bench/results/gpu-sweep.json, point {name}, "
+        "fitted by bench/gpu/calibrate.py)",
+    )
+    print(f"{gpu}: first chunk with all {model.slots} slots busy {busy} ms -> {args.profiles}")
     print(json.dumps(doc["model"]))
     for row in rows:
         print(

@@ -92,18 +92,23 @@ class UnknownGPUProduct(ValueError):
 
 
 @functools.cache  # read for every node on every pass; a product's answer never changes
-def architecture(product: str) -> str:
-    """SM architecture of a GPU product label, e.g. ``NVIDIA-L20`` -> ``sm_89``."""
+def family(product: str) -> str:
+    """The model family of a GPU product label, e.g. ``NVIDIA-H100-80GB-HBM3`` -> ``H100``."""
     rest = product
     for prefix in sorted(_PREFIXES, key=len, reverse=True):
         if rest.startswith(prefix):
             rest = rest[len(prefix) :]
             break
     # Longest family first, so "L40S" wins over "L40" and "A100" over "A10".
-    for family in sorted(_FAMILY_ARCH, key=len, reverse=True):
-        if rest == family or re.match(re.escape(family) + r"(?:[-_ ]|$)", rest):
-            return _FAMILY_ARCH[family]
+    for name in sorted(_FAMILY_ARCH, key=len, reverse=True):
+        if rest == name or re.match(re.escape(name) + r"(?:[-_ ]|$)", rest):
+            return name
     raise UnknownGPUProduct(product)
+
+
+def architecture(product: str) -> str:
+    """SM architecture of a GPU product label, e.g. ``NVIDIA-L20`` -> ``sm_89``."""
+    return _FAMILY_ARCH[family(product)]
 
 
 def sm_number(arch: str) -> int:

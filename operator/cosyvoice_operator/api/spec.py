@@ -36,6 +36,7 @@ from cosyvoice_operator.api.fields import (
 from cosyvoice_operator.api.fields import SpecError as SpecError
 from cosyvoice_operator.api.schedule_fields import Schedule as Schedule
 from cosyvoice_operator.api.schedule_fields import parse_schedules
+from cosyvoice_operator.autoscaling import pod_profiles
 
 VARIANTS = ("cosyvoice2", "cosyvoice3")
 PRECISIONS = (
@@ -179,7 +180,10 @@ class SloSpec:
 
     first_audio_milliseconds: int = 0
     attainment_percent: float = 99.0  # of requests whose first audio is within the SLO
-    first_chunk_milliseconds: int = 1107  # first chunk with every slot busy (upstream L20)
+    # first chunk with every slot busy; set 0, the pod profile of the service's GPU products
+    # (autoscaling/pod_profiles.py: measured there, else upstream's L20 figure, 1107 ms)
+    first_chunk_milliseconds: int = 1107
+    first_chunk_source: str = f"L20 pod profile: {pod_profiles.UPSTREAM_L20.source}"
     cold_start_seconds: int = 180  # creation to Ready of a pod: the forecast's horizon
     forecast_std_devs: float = 1.0  # headroom: the forecast plus this many std deviations
     variability: float = 1.0  # (ca² + cs²) / 2: 1 is Poisson arrivals, exponential service
@@ -349,7 +353,7 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
     engine = _engine(obj(spec, "engine", "spec"))
     _check_engine_combinations(model, engine)
     serving = _serving(obj(spec, "serving", "spec"), engine)
-    autoscaling = _autoscaling(obj(spec, "autoscaling", "spec"))
+    autoscaling = _autoscaling(obj(spec, "autoscaling", "spec"), engine.gpu_products)
     return ServiceSpec(
         model=model,
         engine=engine,
@@ -497,7 +501,7 @@ def _preferred_batch_sizes(db: Mapping[str, Any], max_batch_size: int) -> tuple[
     return sizes
 
 
-def _autoscaling(a: Mapping[str, Any]) -> AutoscalingSpec:
+def _autoscaling(a: Mapping[str, Any], products: tuple[str, ...] = ()) -> AutoscalingSpec:
     up = obj(a, "scaleUp", "spec.autoscaling")
     down = obj(a, "scaleDown", "spec.autoscaling")
     min_r = integer(a, "minReplicas", "spec.autoscaling", 1, 0, 10**4)
@@ -529,16 +533,22 @@ def _autoscaling(a: Mapping[str, Any]) -> AutoscalingSpec:
         ),
         prometheus_url=string(a, "prometheusUrl"),
         schedules=schedules,
-        slo=_slo(obj(a, "slo", "spec.autoscaling")),
+        slo=_slo(obj(a, "slo", "spec.autoscaling"), products),
     )
 
 
-def _slo(s: Mapping[str, Any]) -> SloSpec:
+def _slo(s: Mapping[str, Any], products: tuple[str, ...] = ()) -> SloSpec:
     path = "spec.autoscaling.slo"
+    first_chunk = integer(s, "firstChunkMilliseconds", path, 0, 0, 600_000)
+    source = "spec.autoscaling.slo.firstChunkMilliseconds"
+    if first_chunk == 0:  # unset: the pod profile of the GPUs the service runs on
+        found = pod_profiles.for_products(products)
+        first_chunk, source = found.first_chunk_busy_ms, f"{found.gpu} pod profile: {found.source}"
     slo = SloSpec(
         first_audio_milliseconds=integer(s, "firstAudioMilliseconds", path, 0, 0, 600_000),
         attainment_percent=number(s, "attainmentPercent", path, 99.0, 50.0, 99.99),
-        first_chunk_milliseconds=integer(s, "firstChunkMilliseconds", path, 1107, 0, 600_000),
+        first_chunk_milliseconds=first_chunk,
+        first_chunk_source=source,
         cold_start_seconds=integer(s, "coldStartSeconds", path, 180, 0, 3600),
         forecast_std_devs=number(s, "forecastStdDevs", path, 1.0, 0.0, 10.0),
         variability=number(s, "variability", path, 1.0, 0.05, 10.0),

@@ -319,6 +319,8 @@ def slo_sizing(
     miss = 1.0 - slo.attainment_percent / 100.0
     slots = slo.slots_per_pod or model.slots
     numbers["sloSlotsPerPod"] = slots
+    numbers["sloFirstChunkMilliseconds"] = slo.first_chunk_milliseconds
+    numbers["sloFirstChunkSource"] = slo.first_chunk_source
     expected = queue_seconds(model.load / max(fleet.ready, 1), slots, model.service)
     seen_k = latency_ms / 1000.0 / expected if math.isfinite(expected) and expected > 1e-3 else 0.0
     k = max(slo.variability, min(seen_k, 1.0))
