@@ -24,7 +24,7 @@ _DEFAULTS: dict[str, Any] = {
     "serving": {
         "image": "",
         "gpusPerReplica": 1,
-        "instancesPerGpu": 1,
+        "instancesPerGpu": 4,
         "streaming": True,
         "dynamicBatching": {
             "preferredBatchSizes": [4, 8, 16],

@@ -29,13 +29,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cosyvoice_operator.api import pod_profiles
 from cosyvoice_operator.api.gpus import family
-from cosyvoice_operator.autoscaling import pod_profiles
 from cosyvoice_operator.devtools.sim.engine import quantile
 from cosyvoice_operator.devtools.sim.plant import Plant, ServiceModel
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE.parents[1] / "results"
+RESULTS = HERE.parent / "results"
 sys.path.insert(0, str(HERE))
 import loadgen  # noqa: E402
 
@@ -69,7 +69,7 @@ def busy_first_chunk_ms(point: dict[str, Any], model: ServiceModel) -> int:
 
 
 def write_profile(path: Path, gpu: str, model: ServiceModel, busy_ms: int, source: str) -> None:
-    """Record the fit as the GPU family's pod profile (``autoscaling/pod_profiles.py``)."""
+    """Record the fit as the GPU family's pod profile (``api/pod_profiles.py``)."""
     doc = json.loads(path.read_text()) if path.is_file() else {"profiles": {}}
     doc["profiles"][gpu] = {
         "slots": model.slots,

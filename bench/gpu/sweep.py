@@ -52,6 +52,8 @@ def next_fraction(fraction: float, ok: bool, passed: bool) -> float | None:
         i = DOWN.index(fraction) + 1 if fraction in DOWN else 0
         return DOWN[i] if i < len(DOWN) else None
     return None
+
+
 PROFILE_CONCURRENCY = (1, 4, 16)
 PROFILE_AUDIO_SECONDS = 8.0  # the trace's mean (8.4 s)
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cosyvoice_operator.api import pod_profiles
 from cosyvoice_operator.api.fields import (
     AFFINITY,
     CONTROL,
@@ -36,7 +37,6 @@ from cosyvoice_operator.api.fields import (
 from cosyvoice_operator.api.fields import SpecError as SpecError
 from cosyvoice_operator.api.schedule_fields import Schedule as Schedule
 from cosyvoice_operator.api.schedule_fields import parse_schedules
-from cosyvoice_operator.autoscaling import pod_profiles
 
 VARIANTS = ("cosyvoice2", "cosyvoice3")
 PRECISIONS = (
@@ -155,7 +155,7 @@ class StreamChunking:
 class ServingSpec:
     image: str = ""
     gpus_per_replica: int = 1
-    instances_per_gpu: int = 1
+    instances_per_gpu: int = 4  # the H200 sweep (bench/results/gpu-sweep.json, issue 20)
     streaming: bool = True
     dynamic_batching: DynamicBatching = field(default_factory=DynamicBatching)
     resources: Mapping[str, Any] = field(default_factory=dict)
@@ -181,7 +181,7 @@ class SloSpec:
     first_audio_milliseconds: int = 0
     attainment_percent: float = 99.0  # of requests whose first audio is within the SLO
     # first chunk with every slot busy; set 0, the pod profile of the service's GPU products
-    # (autoscaling/pod_profiles.py: measured there, else upstream's L20 figure, 1107 ms)
+    # (api/pod_profiles.py: measured there, else upstream's L20 figure, 1107 ms)
     first_chunk_milliseconds: int = 1107
     first_chunk_source: str = f"L20 pod profile: {pod_profiles.UPSTREAM_L20.source}"
     cold_start_seconds: int = 180  # creation to Ready of a pod: the forecast's horizon
@@ -464,7 +464,7 @@ def _serving(s: Mapping[str, Any], engine: EngineSpec) -> ServingSpec:
     return ServingSpec(
         image=image(s, "image", "spec.serving"),
         gpus_per_replica=gpus,
-        instances_per_gpu=integer(s, "instancesPerGpu", "spec.serving", 1, 1, 8),
+        instances_per_gpu=integer(s, "instancesPerGpu", "spec.serving", 4, 1, 8),
         streaming=boolean(s, "streaming", "spec.serving", True),
         dynamic_batching=DynamicBatching(
             preferred_batch_sizes=sizes,
@@ -564,6 +564,12 @@ def _slo(s: Mapping[str, Any], products: tuple[str, ...] = ()) -> SloSpec:
         raise SpecError(
             f"{path}.firstChunkMilliseconds",
             f"must be below {path}.firstAudioMilliseconds ({slo.first_audio_milliseconds}): "
-            "no wait at all would leave the SLO reachable",
+            "no wait at all would leave the SLO reachable"
+            + (
+                ""
+                if source.startswith(path)
+                else f" (unset, it is {slo.first_chunk_milliseconds} ms from the {source}; "
+                "raise the SLO or set it from your own measurement)"
+            ),
         )
     return slo

@@ -30,7 +30,7 @@ def test_minimal_spec_gets_the_defaults_of_api_md() -> None:
 
     assert s.serving.image == ""
     assert s.serving.gpus_per_replica == 1
-    assert s.serving.instances_per_gpu == 1
+    assert s.serving.instances_per_gpu == 4
     assert s.serving.streaming is True
     assert s.serving.dynamic_batching.preferred_batch_sizes == (4, 8, 16)
     assert s.serving.dynamic_batching.max_queue_delay_microseconds == 500

@@ -112,3 +112,34 @@ def test_a_heavier_step_simulates_a_longer_first_audio() -> None:
     light = sorted(calibrate.simulate_step(model, 0.2, 60.0, [8.0], s) for s in range(30))
     heavy = sorted(calibrate.simulate_step(model, 1.5, 60.0, [8.0], s) for s in range(30))
     assert light[15] < 0.5 < heavy[15]  # 4 slots of 4 s serve 1 req/s: 1.5 queues
+
+
+sweep = _load("sweep")
+
+
+def _ladder(outcomes: list[bool]) -> list[float]:
+    """The fractions a point's steps run at, given whether each met the SLO."""
+    fraction: float | None = sweep.UP[0]
+    ran, passed = [], False
+    for ok in outcomes:
+        assert fraction is not None, "the ladder stopped before the outcomes ran out"
+        ran.append(fraction)
+        fraction = sweep.next_fraction(fraction, ok, passed)
+        passed = passed or ok
+    assert fraction is None, f"the ladder would go on to {fraction}"
+    return ran
+
+
+def test_the_ladder_climbs_from_0_6_until_the_slo_is_missed() -> None:
+    assert _ladder([True, True, False]) == [0.6, 0.8, 0.95]
+    assert _ladder([True, True, True, True]) == [0.6, 0.8, 0.95, 1.1]
+
+
+def test_the_ladder_descends_when_0_6_misses_and_stops_at_the_first_pass() -> None:
+    assert _ladder([False, False, True]) == [0.6, 0.45, 0.3]
+    assert _ladder([False, False, False, False]) == [0.6, 0.45, 0.3, 0.15]
+
+
+def test_every_rung_has_its_own_fixed_seed() -> None:
+    assert len(set(sweep.SEEDS.values())) == len(sweep.UP) + len(sweep.DOWN)
+    assert [sweep.SEEDS[f] for f in sweep.UP] == [10, 11, 12, 13]  # runs before the descent
