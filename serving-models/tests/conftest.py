@@ -108,10 +108,13 @@ def cosyvoice2_service() -> ServiceSpec:
 
 
 def cosyvoice3_service() -> ServiceSpec:
-    """examples/cosyvoice3.yaml for a pod of two LLM groups (``gpusPerReplica: 2``), with a
-    default speaker."""
+    """examples/cosyvoice3.yaml for a pod of two LLM groups (``gpusPerReplica: 2``), one
+    instance of each GPU model per GPU, with a default speaker."""
     raw = example("cosyvoice3")
     raw["serving"]["gpusPerReplica"] = 2
+    # one instance of each GPU model per GPU (the default is 4): each loads upstream's torch
+    # networks, and the twin runs on the CI's two cores
+    raw["serving"]["instancesPerGpu"] = 1
     raw["engine"]["tensorParallelSize"] = 1
     raw["serving"].pop("dynamicBatching", None)
     raw.pop("autoscaling", None)
