@@ -4,8 +4,13 @@ The same interface and the same work through BLS as upstream's: the reference au
 ``audio_tokenizer`` and ``speaker_embedding`` (or a built-in speaker without one), the prompt
 through ``tensorrt_llm`` (streamed when decoupled), and the speech tokens through ``token2wav``
 in chunks with upstream's schedule: the first after 15 + 3 look-ahead tokens, then hops of
-25 x 2^k tokens, the rest with ``finalize``; every chunk carries the request's id. The
-schedule follows the orchestrator's parameters as rendered (:class:`Chunking`). Decoupled,
+25 x 2^k tokens, the rest with ``finalize``. The schedule follows the orchestrator's
+parameters as rendered (:class:`Chunking`). Like the project's orchestrator (``serving-models/``,
+which is what the operator deploys) and unlike upstream's, a stream's vocoder state travels
+with its chunks: each streamed chunk asks ``token2wav`` for ``hift_next_*`` and the next chunk
+sends it back as ``hift_cache_*``, with no request id, so any of the ``instancesPerGpu``
+instances can serve any chunk (upstream's keys the state by request id in one instance, and
+a chunk routed to another loses it). Decoupled,
 it sends each chunk as a response as soon as it has it and ends with the final flag; otherwise
 it answers once with the whole audio.
 
@@ -21,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,6 +40,12 @@ TOKEN_RATE = 25
 MAX_TOKENS = 750
 EMBEDDING_SIZE = 192
 MEL_BINS = 80
+# token2wav's vocoder state: what a streamed chunk returns -> what the next chunk sends.
+STATE = {
+    "hift_next_mel": "hift_cache_mel",
+    "hift_next_source": "hift_cache_source",
+    "hift_next_speech": "hift_cache_speech",
+}
 
 
 def host_array(tensor: Any) -> Any:
@@ -137,10 +147,15 @@ class TritonPythonModel:
         )
 
     def _call(self, model: str, inputs: dict[str, Any], output: str, **kw: Any) -> Any:
-        response = self._request(model, inputs, [output], **kw).exec()
+        return self._call_many(model, inputs, [output], **kw)[output]
+
+    def _call_many(
+        self, model: str, inputs: dict[str, Any], outputs: list[str], **kw: Any
+    ) -> dict[str, Any]:
+        response = self._request(model, inputs, outputs, **kw).exec()
         if response.has_error():
             raise pb_utils.TritonModelException(response.error().message())
-        return host_array(pb_utils.get_output_tensor_by_name(response, output))
+        return {o: host_array(pb_utils.get_output_tensor_by_name(response, o)) for o in outputs}
 
     def _prompt(self, request: Any) -> tuple[str, Any, Any, Any]:
         """Reference text, prompt speech tokens [1, T], mel features [1, 2T, 80], embedding."""
@@ -206,11 +221,13 @@ class TritonPythonModel:
     def _token2wav(
         self,
         tokens: list[int],
-        request_id: str,
+        state: dict[str, Any],
         prompt: tuple[str, Any, Any, Any],
         offset: int | None,
         finalize: bool,
-    ) -> Any:
+    ) -> tuple[Any, dict[str, Any]]:
+        """One chunk's audio and the vocoder state the next chunk of the stream sends back
+        (empty for the last chunk and offline)."""
         _, prompt_tokens, feat, embedding = prompt
         inputs = {
             "target_speech_tokens": np.array([tokens], dtype=np.int32),
@@ -221,7 +238,10 @@ class TritonPythonModel:
         if offset is not None:
             inputs["token_offset"] = np.array([[offset]], dtype=np.int32)
             inputs["finalize"] = np.array([[finalize]], dtype=np.bool_)
-        return self._call("token2wav", inputs, "waveform", request_id=request_id)
+            inputs.update({STATE[out]: value for out, value in state.items()})
+        wanted = ["waveform"] + ([] if finalize or offset is None else list(STATE))
+        result = self._call_many("token2wav", inputs, wanted)
+        return result.pop("waveform"), result
 
     def _target(self, request: Any) -> str:
         text = host_array(pb_utils.get_input_tensor_by_name(request, "target_text"))
@@ -229,7 +249,6 @@ class TritonPythonModel:
 
     def _stream(self, request: Any) -> None:
         sender = request.get_response_sender()
-        request_id = request.request_id() or str(uuid.uuid4())
         start, sent = time.monotonic(), 0
 
         def send(audio: Any) -> None:
@@ -244,15 +263,17 @@ class TritonPythonModel:
         prompt = self._prompt(request)
         tokens: list[int] = []
         offset, hop, chunk = 0, self.chunks.first, 0
+        state: dict[str, Any] = {}
         for new in self._llm(request, prompt[0] + self._target(request), prompt[1]):
             tokens += new
             while len(tokens) - offset >= hop + LOOKAHEAD_TOKENS:
                 window = tokens[: offset + hop + LOOKAHEAD_TOKENS]
-                send(self._token2wav(window, request_id, prompt, offset, False))
+                audio, state = self._token2wav(window, state, prompt, offset, False)
+                send(audio)
                 offset += hop
                 hop = self.chunks.next_hop(chunk)
                 chunk += 1
-        last = self._token2wav(tokens, request_id, prompt, offset, True)
+        last, _ = self._token2wav(tokens, state, prompt, offset, True)
         if sent:  # the last audio comes at the end of the service time
             self.pace.wait(start, self.pace.total)
         send(last)
@@ -264,9 +285,7 @@ class TritonPythonModel:
         prompt = self._prompt(request)
         target = prompt[0] + self._target(request)
         tokens = [t for new in self._llm(request, target, prompt[1]) for t in new]
-        audio = self._token2wav(
-            tokens, request.request_id() or str(uuid.uuid4()), prompt, None, True
-        )
+        audio, _ = self._token2wav(tokens, {}, prompt, None, True)
         self.pace.wait(start, self.pace.total)
         return pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio)])
 
