@@ -95,6 +95,18 @@ def point(raw: dict[str, Any], slo_ms: float) -> dict[str, Any]:
     }
 
 
+def one_device(raws: list[dict[str, Any]]) -> str | None:
+    """Why these raw runs cannot be merged (latencies on different cards, or a different SLO,
+    are not repeats of one another), or None when they can."""
+    devices = sorted({str(r.get("device", "")).split(",")[0] for r in raws})
+    if len(devices) > 1:
+        return f"runs from different GPUs cannot be merged: {', '.join(devices)}"
+    slos = sorted({float(r["slo_first_chunk_ms"]) for r in raws})
+    if len(slos) > 1:
+        return f"runs with different first-chunk SLOs cannot be merged: {slos}"
+    return None
+
+
 def merge_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per point: its first run, with the other runs' goodput beside it, the mean
     and the spread ((max - min) / mean), and requests and lost streams summed over runs."""
@@ -195,6 +207,9 @@ def main() -> int:
     args = parser.parse_args()
     raws = [json.loads(path.read_text()) for path in args.raw]
     raw = raws[0]
+    mixed = one_device(raws)
+    if mixed:
+        parser.error(mixed)
     slo = float(raw["slo_first_chunk_ms"])
     points = merge_runs([point(p, slo) for r in raws for p in r["points"]])
     if args.multi_gpu:

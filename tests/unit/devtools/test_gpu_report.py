@@ -87,6 +87,16 @@ def test_runs_of_one_point_merge_with_their_spread_and_lost_streams() -> None:
     assert by_name["b"]["repeat_goodput_rps"] == [] and by_name["b"]["goodput_spread"] == 0.0
 
 
+def test_runs_on_different_cards_or_slos_are_not_merged() -> None:
+    h200 = {"device": "NVIDIA H200, 143771 MiB, 580.1", "slo_first_chunk_ms": 1000.0}
+    h100 = {"device": "NVIDIA H100 80GB HBM3, 81559 MiB, 580.1", "slo_first_chunk_ms": 1000.0}
+    assert report.one_device([h200, {**h200, "device": "NVIDIA H200, 143771 MiB, 590.2"}]) is None
+    mixed = report.one_device([h200, h100])
+    assert mixed is not None and "NVIDIA H100 80GB HBM3" in mixed and "NVIDIA H200" in mixed
+    slower = report.one_device([h200, {**h200, "slo_first_chunk_ms": 1500.0}])
+    assert slower is not None and "SLO" in slower
+
+
 calibrate = _load("calibrate")
 
 
