@@ -6,6 +6,7 @@ Prometheus outage; 3 seeds; every sweep), written to bench/results/sim.{json,txt
     .venv/bin/python bench/sim.py --small --seeds 1    # the CI size, seconds
     .venv/bin/python bench/sim.py --reuse bench/results/sim.json   # baselines' runs kept
     .venv/bin/python bench/sim.py --sensitivity        # issue 22 item 7, to sim-sensitivity.*
+    .venv/bin/python bench/sim.py --pod H200 --slo 2   # the measured pod, to results/sim-h200/
 
 ``--rerun-slo`` reuses every run but our SLO-sizing points' (the baselines' and our
 target-tracking points' code unchanged), and the clairvoyant bounds of the documents given.
@@ -31,9 +32,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from cosyvoice_operator.api import pod_profiles
 from cosyvoice_operator.devtools.sim import experiment as ex
 from cosyvoice_operator.devtools.sim import oracle, report
 from cosyvoice_operator.devtools.sim.command import default_trace
+from cosyvoice_operator.devtools.sim.engine import SimConfig
+from cosyvoice_operator.devtools.sim.plant import ServiceModel
 from cosyvoice_operator.devtools.sim.policies import POLICIES
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -70,6 +74,20 @@ def write(result: ex.Result, out: Path, elapsed: float | None) -> None:
         print(f"no plot: {exc}", file=sys.stderr)
 
 
+def pod_config(config: SimConfig, args: argparse.Namespace) -> SimConfig:
+    """The experiment's configuration with ``--pod``'s profile and ``--slo`` (exits with the
+    reason when the pod's busy first chunk leaves the SLO no wait)."""
+    known = {"L20": pod_profiles.UPSTREAM_L20, **pod_profiles.measured()}
+    if args.pod not in known:
+        raise SystemExit(f"--pod {args.pod}: no profile; known: {', '.join(sorted(known))}")
+    service = ServiceModel.for_pod(known[args.pod])
+    try:
+        service.slo_sizing(args.slo)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return replace(config, service=service, slo_s=args.slo)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default=str(default_trace()))
@@ -77,7 +95,11 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=0)
     parser.add_argument("--small", action="store_true")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, help="default results/ (L20), results/sim-POD/")
+    parser.add_argument(
+        "--pod", default="L20", help="the pod simulated: L20, or a measured one (api/pod_profiles)"
+    )
+    parser.add_argument("--slo", type=float, default=1.5, help="first audio SLO, seconds")
     parser.add_argument("--pickle", action="store_true", help="also write sim.pkl (the Result)")
     parser.add_argument("--from-pickle", type=Path, help="write the files from a saved Result")
     parser.add_argument(
@@ -95,6 +117,7 @@ def main() -> int:
     parser.add_argument("--log", action="store_true", help="a line per run on stderr (jobs 1)")
     parser.add_argument("--sensitivity", action="store_true", help="issue 22 item 7 instead")
     args = parser.parse_args()
+    args.out = args.out or (RESULTS if args.pod == "L20" else RESULTS / f"sim-{args.pod.lower()}")
     if args.sensitivity:
         return sensitivity(args)
     if args.from_pickle:
@@ -102,7 +125,7 @@ def main() -> int:
         write(saved["result"], args.out, saved["elapsed"])
         return 0
     exp = ex.default_experiment(args.trace, args.multiplier, args.seeds, args.small)
-    exp = replace(exp, jobs=args.jobs, log=args.log)
+    exp = replace(exp, jobs=args.jobs, log=args.log, config=pod_config(exp.config, args))
     if args.evals:
         keep = args.evals.split(",")
         exp = replace(exp, evals=tuple(r for r in exp.evals if r.name in keep))
@@ -136,7 +159,7 @@ def sensitivity(args: argparse.Namespace) -> int:
     for label, change in VARIATIONS:
         multiplier = change.get("multiplier", args.multiplier)
         exp = ex.default_experiment(args.trace, multiplier, args.seeds, args.small)
-        config = exp.config
+        config = pod_config(exp.config, args)
         if "cold_start_s" in change:
             config = replace(config, cold_start_s=change["cold_start_s"])
         if "scrape_interval_s" in change:

@@ -159,3 +159,44 @@ def test_kpa_scale_down_delay_keeps_the_highest_recent_desire() -> None:
         kpa.observe(float(t), 1.0)
     assert kpa.decide(80.0, ready=8) == 8  # within the delay
     assert kpa.decide(125.0, ready=8) == 4  # past it: the stable desire, at most halved
+
+
+def test_the_default_pod_is_upstreams_l20_and_our_slo_sizing_keeps_its_figures() -> None:
+    from cosyvoice_operator.devtools.sim.experiment import OURS_SLO
+
+    pod = ServiceModel()
+    assert (pod.pod, pod.slots, pod.first_chunk_busy_ms) == ("L20", 4, 1107)
+    # the figures OURS_SLO has always had, so earlier runs' keys (and sim.json reuse) hold
+    sizing = pod.slo_sizing(1.5)
+    assert sizing == {k: OURS_SLO[k] for k in sizing}
+    assert sizing["target_ms"] == 1500 - 1107
+    assert pod.slo_sizing(2.0)["target_ms"] == 2000 - 1107
+    assert "L20" in pod.describe() and "not measured here" in pod.describe()
+
+
+def test_a_measured_pod_profile_drives_the_plant_and_the_sizing() -> None:
+    from cosyvoice_operator.api.pod_profiles import PodProfile
+
+    profile = PodProfile(
+        gpu="X1",
+        slots=16,
+        rtf=0.9,
+        overhead_s=0.0,
+        first_chunk_s=0.4,
+        first_chunk_per_stream_s=0.1,
+        first_chunk_busy_ms=1900,
+        source="a sweep",
+    )
+    pod = ServiceModel.for_pod(profile)
+    assert (pod.slots, pod.rtf, pod.first_chunk_busy_ms, pod.pod) == (16, 0.9, 1900, "X1")
+    assert pod.slo_sizing(2.5) == {
+        "slo_ms": 2500,
+        "first_chunk_ms": 1900,
+        "target_ms": 600,
+        "slots": 16,
+    }
+    with pytest.raises(ValueError, match="1900 ms, not below the SLO's 1500 ms"):
+        pod.slo_sizing(1.5)
+    plant = Plant(pod, cold_start_s=60.0, initial_ready=1)
+    plant.tick(0.0)
+    assert [plant.dispatch(0.0, 10.0) for _ in range(3)] == pytest.approx([0.4, 0.5, 0.6])

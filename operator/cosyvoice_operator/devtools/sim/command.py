@@ -10,6 +10,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from cosyvoice_operator.api import pod_profiles
+from cosyvoice_operator.devtools.sim.plant import ServiceModel
+
 DEFAULT_TRACE_ENV = "COSYVOICE_SIM_TRACE"
 
 
@@ -110,11 +113,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         metavar="START:SECONDS",
         help="a Prometheus outage on the evaluation traces given with --eval (repeatable)",
     )
-    p.add_argument("--slots", type=_positive(int), default=4, help="streams per replica")
-    p.add_argument("--rtf", type=_positive(float), default=0.37, help="per-stream RTF")
-    p.add_argument("--overhead", type=float, default=0.05, help="seconds per request")
-    p.add_argument("--first-chunk", type=_positive(float), default=0.22)
-    p.add_argument("--first-chunk-per-stream", type=float, default=0.296)
+    p.add_argument(
+        "--pod",
+        default="L20",
+        metavar="GPU",
+        help="the pod profile simulated: L20 (upstream's published benchmark, the default) or "
+        "a GPU family this project's GPU sweep measured (api/pod_profiles.json: "
+        f"{', '.join(sorted(pod_profiles.measured())) or 'none yet'}); the options below "
+        "override its figures",
+    )
+    p.add_argument("--slots", type=_positive(int), help="streams per replica (L20: 4)")
+    p.add_argument("--rtf", type=_positive(float), help="per-stream RTF (L20: 0.37)")
+    p.add_argument("--overhead", type=float, help="seconds per request (L20: 0.05)")
+    p.add_argument("--first-chunk", type=_positive(float), help="seconds at 1 stream (L20: 0.22)")
+    p.add_argument(
+        "--first-chunk-per-stream", type=float, help="seconds per other stream (L20: 0.296)"
+    )
     p.add_argument("--jobs", type=int, default=0, help="worker processes (0: every CPU)")
     p.add_argument(
         "--small",
@@ -124,11 +138,40 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(func=run)
 
 
+def service_model(args: argparse.Namespace) -> ServiceModel:
+    """The pod of ``--pod`` with the figures given on the command line in place of its own.
+    Raises ValueError for a GPU family without a profile."""
+    known = {"L20": pod_profiles.UPSTREAM_L20, **pod_profiles.measured()}
+    if args.pod not in known:
+        raise ValueError(
+            f"--pod {args.pod}: no profile for it; known: {', '.join(sorted(known))} "
+            "(L20 is upstream's published benchmark; the others were measured by bench/gpu)"
+        )
+    model = ServiceModel.for_pod(known[args.pod])
+    given = {
+        "slots": args.slots,
+        "rtf": args.rtf,
+        "overhead_s": args.overhead,
+        "first_chunk_s": args.first_chunk,
+        "first_chunk_per_stream_s": args.first_chunk_per_stream,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    if not given:
+        return model
+    model = replace(model, **given)
+    busy = model.first_chunk_s + model.first_chunk_per_stream_s * (model.slots - 1)
+    return replace(
+        model,
+        first_chunk_busy_ms=round(1000 * busy),
+        source=f"{model.source}, with {', '.join(f'{k}={v}' for k, v in given.items())}",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from cosyvoice_operator.devtools.sim import experiment as ex
     from cosyvoice_operator.devtools.sim import report
     from cosyvoice_operator.devtools.sim.engine import SimConfig
-    from cosyvoice_operator.devtools.sim.plant import PrometheusModel, ServiceModel
+    from cosyvoice_operator.devtools.sim.plant import PrometheusModel
     from cosyvoice_operator.devtools.sim.trace import TraceError
 
     if bool(args.train) != bool(args.eval):
@@ -167,13 +210,7 @@ def run(args: argparse.Namespace) -> int:
         if args.small:
             exp = replace(exp, sweep=ex.SMALL_SWEEP)
         config = SimConfig(
-            service=ServiceModel(
-                slots=args.slots,
-                rtf=args.rtf,
-                overhead_s=args.overhead,
-                first_chunk_s=args.first_chunk,
-                first_chunk_per_stream_s=args.first_chunk_per_stream,
-            ),
+            service=service_model(args),
             prometheus=PrometheusModel(args.scrape_interval, args.rate_window, args.metrics_lag),
             cold_start_s=args.cold_start,
             slo_s=args.slo,
@@ -183,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
         # traceback.
         for recipe in [exp.train, *exp.evals]:
             recipe.build(exp.seeds[0])
-    except TraceError as exc:
+        config.service.slo_sizing(config.slo_s)  # a pod the SLO cannot hold: one clear line
+    except (TraceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     result = ex.run_experiment(exp, timelines=bool(args.plot))

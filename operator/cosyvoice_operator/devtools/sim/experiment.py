@@ -24,7 +24,7 @@ import itertools
 import math
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -49,12 +49,13 @@ OURS: Params = {
 
 
 # Issue 22's SLO sizing (spec.autoscaling.slo), added to our grid beside the targets: the
-# benchmark's SLO (first audio 1.5 s for 99 % of requests), upstream's L20 first chunk with
-# every slot busy (1.107 s), the 3-minute cold start as the forecast's horizon, one std
-# deviation of forecast headroom, the pod's 4 slots (the operator renders them, so it knows
-# them), a 60 s scale-up window (the lowest recommendation of a minute: one noisy sample
-# does not buy pods for 5 minutes), a 300 s scale-down window with one step of any size per
-# window; the grid is the variability factor (ours_variability), chosen on training.
+# benchmark's SLO (first audio 1.5 s for 99 % of requests), the pod's first chunk with every
+# slot busy (L20: 1.107 s) and its slots (L20: 4; the operator renders them, so it knows them;
+# both follow the simulated pod, ServiceModel.slo_sizing), the 3-minute cold start as the
+# forecast's horizon, one std deviation of forecast headroom, a 60 s scale-up window (the
+# lowest recommendation of a minute: one noisy sample does not buy pods for 5 minutes), a 300 s
+# scale-down window with one step of any size per window; the grid is the variability factor
+# (ours_variability), chosen on training.
 OURS_SLO: Params = {
     "min_replicas": 1,
     "up_step": 10,
@@ -338,9 +339,9 @@ def initial_replicas(trace: tr.Trace, config: SimConfig) -> int:
 
 
 def sweep_points(
-    sweep: Sweep, load_pods: float, ours: Params | None = None
+    sweep: Sweep, load_pods: float, ours: Params | None = None, pod: Mapping[str, int] | None = None
 ) -> list[tuple[str, Params]]:
-    """Every configuration of the sweep, ours first."""
+    """Every configuration of the sweep, ours first; ``pod``: ServiceModel.slo_sizing."""
 
     def floor(f: float) -> int:
         return max(1, round(f * load_pods))
@@ -351,7 +352,7 @@ def sweep_points(
         for target in sweep.ours_targets
     ]
     points += [
-        ("cosyvoice", {**OURS_SLO, "variability": k, **_seasonal(period, floor_pct)})
+        ("cosyvoice", {**OURS_SLO, **(pod or {}), "variability": k, **_seasonal(period, floor_pct)})
         for period, floor_pct in sweep.ours_seasonal
         for k in sweep.ours_variability
     ]
@@ -507,7 +508,7 @@ def run_experiment(exp: Experiment, timelines: bool = False, reuse: Reuse | None
     config = exp.config
     train0 = exp.train.build(exp.seeds[0])
     load = mean_load_pods(train0, config)
-    points = sweep_points(exp.sweep, load, dict(exp.ours))
+    points = sweep_points(exp.sweep, load, dict(exp.ours), config.service.slo_sizing(config.slo_s))
     initial: dict[str, int] = {}
     known = reuse or {}
 

@@ -36,21 +36,68 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from cosyvoice_operator.api.pod_profiles import UPSTREAM_L20, PodProfile
+
 
 @dataclass(frozen=True)
 class ServiceModel:
     """One replica (pod) of CosyVoice2 on one GPU; defaults from upstream's L20 streaming
     benchmark (first chunk 220 ms at 1 stream, 1107 ms at 4; RTF 0.0922 at 4 streams, i.e.
-    0.37 s of one stream's synthesis per second of audio)."""
+    0.37 s of one stream's synthesis per second of audio). `for_pod` takes another pod
+    profile (``cosyvoice_operator.api.pod_profiles``: the GPU sweep's measured pods)."""
 
-    slots: int = 4
-    rtf: float = 0.37
-    overhead_s: float = 0.05
-    first_chunk_s: float = 0.22
-    first_chunk_per_stream_s: float = 0.296
+    slots: int = UPSTREAM_L20.slots
+    rtf: float = UPSTREAM_L20.rtf
+    overhead_s: float = UPSTREAM_L20.overhead_s
+    first_chunk_s: float = UPSTREAM_L20.first_chunk_s
+    first_chunk_per_stream_s: float = UPSTREAM_L20.first_chunk_per_stream_s
+    # The figures our SLO sizing is given (as the operator takes them from the profile):
+    first_chunk_busy_ms: int = UPSTREAM_L20.first_chunk_busy_ms
+    pod: str = UPSTREAM_L20.gpu
+    source: str = UPSTREAM_L20.source
 
     def service_seconds(self, audio_s: float) -> float:
         return self.overhead_s + self.rtf * audio_s
+
+    @staticmethod
+    def for_pod(profile: PodProfile) -> ServiceModel:
+        return ServiceModel(
+            slots=profile.slots,
+            rtf=profile.rtf,
+            overhead_s=profile.overhead_s,
+            first_chunk_s=profile.first_chunk_s,
+            first_chunk_per_stream_s=profile.first_chunk_per_stream_s,
+            first_chunk_busy_ms=profile.first_chunk_busy_ms,
+            pod=profile.gpu,
+            source=profile.source,
+        )
+
+    def describe(self) -> str:
+        """One line for the reports: which pod, its figures, and where they come from."""
+        return (
+            f"pod: {self.pod}, {self.slots} slots, first chunk {1000 * self.first_chunk_s:.0f} ms "
+            f"+ {1000 * self.first_chunk_per_stream_s:.0f} ms per other stream "
+            f"({self.first_chunk_busy_ms} ms with every slot busy), RTF {self.rtf:g} per "
+            f"stream; from {self.source}"
+        )
+
+    def slo_sizing(self, slo_s: float) -> dict[str, int]:
+        """Our SLO sizing's pod figures for an SLO of first audio within ``slo_s``: what the
+        operator resolves from the pod profile (`api.spec._slo`), with its error when the
+        pod's busy first chunk leaves no wait."""
+        slo_ms = round(1000 * slo_s)
+        if self.first_chunk_busy_ms >= slo_ms:
+            raise ValueError(
+                f"the {self.pod} pod's first chunk with all {self.slots} slots busy is "
+                f"{self.first_chunk_busy_ms} ms, not below the SLO's {slo_ms} ms: no wait "
+                "would leave the SLO reachable (raise --slo)"
+            )
+        return {
+            "slo_ms": slo_ms,
+            "first_chunk_ms": self.first_chunk_busy_ms,
+            "target_ms": slo_ms - self.first_chunk_busy_ms,
+            "slots": self.slots,
+        }
 
 
 @dataclass(frozen=True)

@@ -285,6 +285,7 @@ def table(result: Result) -> str:
         f"SLO: first audio <= {exp.config.slo_s:g} s; cold start {exp.config.cold_start_s:g} s; "
         f"load x{exp.train.multiplier:g}; seeds {len(exp.seeds)}; training trace "
         f"{exp.train.name} (mean load {result.train_load_pods:.1f} pods)",
+        exp.config.service.describe(),
         "",
         f"{'trace':<26} {'policy':<16} {'tuned':<7} {'SLO met':>8} {'GPU-h':>8} "
         f"{'events':>7} {'revers':>6} {'miss-dn':>7} {'p95 s':>7}  params",
@@ -333,6 +334,8 @@ def table(result: Result) -> str:
 def markdown(result: Result) -> str:
     """The report as Markdown tables (for docs/autoscaling-benchmark.md)."""
     lines = [
+        f"Simulated {result.experiment.config.service.describe()}.",
+        "",
         "| trace | policy | tuned on | SLO met (seeds' range) | GPU-h (range) | scale events "
         "| reversals | missing-data scale-downs | p95 first audio | parameters |",
         "|---|---|---|---|---|---|---|---|---|---|",

@@ -1,0 +1,55 @@
+"""``cosyvoice-operator sim --pod``: which pod the benchmark simulates, and overrides."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from cosyvoice_operator.api import pod_profiles
+from cosyvoice_operator.devtools.sim import command
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers())
+    return parser.parse_args(["sim", *argv])
+
+
+def test_without_pod_options_it_is_upstreams_l20() -> None:
+    model = command.service_model(parse())
+    assert (model.pod, model.slots, model.rtf, model.first_chunk_busy_ms) == ("L20", 4, 0.37, 1107)
+    assert model.source == pod_profiles.UPSTREAM_L20.source
+
+
+def test_a_measured_pod_is_taken_whole() -> None:
+    measured = pod_profiles.measured()
+    if not measured:
+        pytest.fail("api/pod_profiles.json holds no measured pod (bench/gpu/calibrate.py)")
+    name, profile = sorted(measured.items())[0]
+    model = command.service_model(parse("--pod", name))
+    assert (model.pod, model.slots, model.rtf) == (name, profile.slots, profile.rtf)
+    assert model.first_chunk_busy_ms == profile.first_chunk_busy_ms
+    assert model.source == profile.source
+
+
+def test_given_figures_override_the_pod_and_are_named_in_its_source() -> None:
+    model = command.service_model(parse("--slots", "8", "--first-chunk-per-stream", "0.1"))
+    assert (model.slots, model.first_chunk_per_stream_s, model.rtf) == (8, 0.1, 0.37)
+    assert model.first_chunk_busy_ms == round(1000 * (0.22 + 0.1 * 7))
+    assert "slots=8" in model.source and "first_chunk_per_stream_s=0.1" in model.source
+
+
+def test_an_unknown_pod_is_one_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"--pod B300: no profile for it; known: .*L20"):
+        command.service_model(parse("--pod", "B300"))
+
+
+def test_a_pod_whose_busy_first_chunk_exceeds_the_slo_is_refused_before_any_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = parse("--first-chunk", "1.0", "--slo", "1.5")
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert "error: the L20 pod's first chunk with all 4 slots busy is 1888 ms" in err
+    assert "raise --slo" in err
