@@ -7,7 +7,10 @@ one padded batch through :class:`cv_shapes.Token2Wav` on the instance's own GPU 
 on GPU instances, ``../shared/docs/gpu.md``), copied to host memory first. It keeps no
 state between chunks (upstream's keeps a vocoder cache per stream in the instance, see
 ``cosyvoice_operator.render.triton``): it
-measures compute, not that hazard.
+measures compute, not that hazard. A streamed chunk that is not the last also answers the
+vocoder state outputs the rendered config declares (``hift_next_*``, zeros here; the
+project's token2wav returns the real state), which the orchestrator sends back with the
+stream's next chunk.
 """
 
 # ruff: noqa: E402
@@ -26,11 +29,13 @@ for _entry in os.environ.get("COSYVOICE_STANDIN_PATH", "").split(os.pathsep):
 import json
 from typing import Any
 
+import torch
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
 from cv_shapes import ORIGINAL_VOCAB_SIZE, Token2Wav, device_of
 from torch.utils.dlpack import to_dlpack
 
 LOOKAHEAD_TOKENS = 3
+MEL_BINS = 80
 
 
 def host_array(tensor: Any) -> Any:
@@ -67,6 +72,22 @@ class TritonPythonModel:
             raise ValueError(f"no tokens to synthesise: {len(ids)} from offset {start}")
         return prompt_ids + ids, len(prompt_ids) + start, count
 
+    @staticmethod
+    def _carries_state(request: Any) -> bool:
+        """A streamed chunk that is not the stream's last: the next chunk needs its state."""
+        finalize = optional(request, "finalize")
+        streamed = pb_utils.get_input_tensor_by_name(request, "token_offset") is not None
+        return streamed and finalize is not None and not bool(finalize.item())
+
+    @staticmethod
+    def _state() -> list[Any]:
+        shapes = {"hift_next_mel": (1, MEL_BINS, 1), "hift_next_source": (1, 1)}
+        shapes["hift_next_speech"] = (1, 1)
+        return [
+            pb_utils.Tensor.from_dlpack(name, to_dlpack(torch.zeros(shape, dtype=torch.float32)))
+            for name, shape in shapes.items()
+        ]
+
     def execute(self, requests: list[Any]) -> list[Any]:
         chunks: list[tuple[list[int], int, int] | str] = []
         for request in requests:
@@ -77,12 +98,13 @@ class TritonPythonModel:
         good = [c for c in chunks if not isinstance(c, str)]
         audio = iter(self.net.run(good) if good else [])
         responses = []
-        for chunk in chunks:
+        for request, chunk in zip(requests, chunks, strict=True):
             if isinstance(chunk, str):
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(chunk)))
             else:
                 # In host memory, as upstream's CosyVoice3 token2wav answers ("otherwise,
                 # dlpack bug"): BLS callers on the CPU received device outputs unreliably.
                 wave = pb_utils.Tensor.from_dlpack("waveform", to_dlpack(next(audio).cpu()))
-                responses.append(pb_utils.InferenceResponse([wave]))
+                state = self._state() if self._carries_state(request) else []
+                responses.append(pb_utils.InferenceResponse([wave, *state]))
         return responses
