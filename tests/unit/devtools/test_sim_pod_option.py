@@ -53,3 +53,31 @@ def test_a_pod_whose_busy_first_chunk_exceeds_the_slo_is_refused_before_any_run(
     err = capsys.readouterr().err
     assert "error: the L20 pod's first chunk with all 4 slots busy is 1888 ms" in err
     assert "raise --slo" in err
+
+
+def test_requests_per_pod_targets_scale_with_the_pods_slots() -> None:
+    from cosyvoice_operator.devtools.sim import experiment as ex
+    from cosyvoice_operator.devtools.sim.plant import ServiceModel
+
+    def targets(points: list[tuple[str, dict[str, float]]], policy: str) -> list[float]:
+        return sorted({p["target"] for name, p in points if name == policy})
+
+    l20 = ex.sweep_points(ex.Sweep(), 20.0, None, ServiceModel().slo_sizing(1.5))
+    bare = ex.sweep_points(ex.Sweep(), 20.0)
+    assert l20 == bare  # the L20 pod's grid is the grid every earlier run was keyed by
+    assert targets(l20, "keda") == [1.5, 2.0, 2.5, 3.0, 3.5]
+    sixteen = ServiceModel(slots=16, first_chunk_busy_ms=1689).slo_sizing(2.0)
+    big = ex.sweep_points(ex.Sweep(), 20.0, None, sixteen)
+    for policy in ("hpa-concurrency", "keda", "kpa"):
+        assert targets(big, policy) == [6.0, 8.0, 10.0, 12.0, 14.0]
+    assert targets(big, "keda-fallback") == [6.0, 8.0, 10.0]
+    assert targets(big, "llmd") == targets(l20, "llmd")  # a ratio to the SLO: no slots in it
+    assert targets(big, "hpa") == targets(l20, "hpa")  # milliseconds of queue time
+
+
+def test_llm_ds_rule_divides_by_the_simulations_slo() -> None:
+    from cosyvoice_operator.devtools.sim import policies
+
+    params = {"target": 0.75, "min_replicas": 1, "down_window_s": 300}
+    assert policies.make("llmd", params).slo_s == 1.5  # type: ignore[attr-defined]
+    assert policies.make("llmd", params, 2.0).slo_s == 2.0  # type: ignore[attr-defined]

@@ -262,9 +262,10 @@ CLAMP = 2.0
 @dataclass
 class Llmd(_Base):
     """``params``: target (the saturation threshold, P90 first audio / SLO), min_replicas,
-    down_window_s; ``slo_s``: the SLO."""
+    down_window_s; ``slo_s``: the SLO (the simulation's, given by `make`)."""
 
     policy: str = "llmd"
+    slo_s: float = 1.5
     samples: list[float] = field(default_factory=list)
     recorded: float = field(default=-1e18)
 
@@ -284,7 +285,7 @@ class Llmd(_Base):
         return seen[min(len(seen) - 1, math.ceil(0.9 * len(seen)) - 1)]
 
     def evaluate(self, now: float, plant: Plant, prom: Prometheus) -> Verdict:
-        slo = float(self.params.get("slo_s", 1.5))
+        slo = self.slo_s
         outage = prom.in_outage(now)
         if now - self.recorded >= 15.0:
             self.recorded = now
@@ -334,8 +335,9 @@ class Static(_Base):
         return Verdict(int(self.params["replicas"]))
 
 
-def make(policy: str, params: Params) -> Controller:
-    """A fresh controller of ``policy`` with ``params``."""
+def make(policy: str, params: Params, slo_s: float = 1.5) -> Controller:
+    """A fresh controller of ``policy`` with ``params``; ``slo_s``, the first-audio SLO, is
+    what llm-d's rule divides by (the others do not read it)."""
     if policy == "cosyvoice":
         return Ours(dict(params))
     if policy == "hpa":
@@ -347,7 +349,7 @@ def make(policy: str, params: Params) -> Controller:
     if policy == "keda-fallback":
         return KedaFallback(dict(params))
     if policy == "llmd":
-        return Llmd(dict(params))
+        return Llmd(dict(params), slo_s=slo_s)
     if policy == "kpa":
         return Kpa(dict(params))
     if policy == "static":
