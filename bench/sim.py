@@ -116,6 +116,9 @@ def main() -> int:
     parser.add_argument("--evals", default="", help="comma-separated evaluation traces to keep")
     parser.add_argument("--log", action="store_true", help="a line per run on stderr (jobs 1)")
     parser.add_argument("--sensitivity", action="store_true", help="issue 22 item 7 instead")
+    parser.add_argument(
+        "--no-bounds", action="store_true", help="skip the clairvoyant bounds (the costly part)"
+    )
     args = parser.parse_args()
     args.out = args.out or (RESULTS if args.pod == "L20" else RESULTS / f"sim-{args.pod.lower()}")
     if args.sensitivity:
@@ -139,7 +142,7 @@ def main() -> int:
         known += oracle.bounds_from_json(document)  # the bounds depend on no policy
     if args.rerun_slo:  # our SLO points (the keys with slo_ms) are simulated again
         reuse = {k: v for k, v in reuse.items() if not (k[2] == "cosyvoice" and "slo_ms=" in k[3])}
-    exp = replace(exp, known_bounds=tuple(known))
+    exp = replace(exp, known_bounds=tuple(known), bounds=exp.bounds and not args.no_bounds)
     result = ex.run_experiment(exp, timelines=True, reuse=reuse)
     elapsed = time.monotonic() - started
     if args.pickle:
