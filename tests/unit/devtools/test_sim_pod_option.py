@@ -81,3 +81,23 @@ def test_llm_ds_rule_divides_by_the_simulations_slo() -> None:
     params = {"target": 0.75, "min_replicas": 1, "down_window_s": 300}
     assert policies.make("llmd", params).slo_s == 1.5  # type: ignore[attr-defined]
     assert policies.make("llmd", params, 2.0).slo_s == 2.0  # type: ignore[attr-defined]
+
+
+def test_the_traces_without_a_sweep_run_ours_as_chosen_even_an_slo_point() -> None:
+    from cosyvoice_operator.devtools.sim import experiment as ex
+
+    sweep = ex.Sweep()
+    points = ex.sweep_points(sweep, 20.0)
+    slo_points = [p for name, p in points if name == "cosyvoice" and "slo_ms" in p]
+    chosen_slo = next(p for p in slo_points if p["variability"] == 0.15)  # not a later one
+    chosen = {"cosyvoice": chosen_slo, "hpa": {"target": 50.0}, "keda": {"target": 2.0}}
+    later = ex.later_configs(chosen, points, sweep)
+    assert ("cosyvoice", chosen_slo) in later  # before: left out, so ours had no row there
+    assert ("hpa", {"target": 50.0}) not in later  # Sweep.later_skip
+    ours = [p for name, p in later if name == "cosyvoice"]
+    assert len(ours) == len({ex._key(p) for p in ours})  # each once
+    assert {p["variability"] for p in ours} == {0.15, *sweep.later_variability}
+    # a chosen SLO point that is also a later one runs once
+    at_later = next(p for p in slo_points if p["variability"] == 0.2)
+    again = ex.later_configs({"cosyvoice": at_later}, points, sweep)
+    assert again.count(("cosyvoice", at_later)) == 1

@@ -262,9 +262,6 @@ def files_experiment(
     )
 
 
-# ---- running ------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Task:
     recipe: TraceRecipe
@@ -541,20 +538,7 @@ def run_experiment(exp: Experiment, timelines: bool = False, reuse: Reuse | None
         tasks += tasks_for(recipe, points)
     runs = execute(tasks)
     chosen = _choose(summarize(runs), exp.train.name)
-    # The chosen configurations (HPA on queue time aside, see Sweep.later_skip) and our SLO
-    # points at Sweep.later_variability.
-    later = [
-        (p, s.params)
-        for p, s in chosen.items()
-        if p not in exp.sweep.later_skip and (p != "cosyvoice" or "slo_ms" not in s.params)
-    ]
-    later += [
-        (p, params)
-        for p, params in points
-        if p == "cosyvoice"
-        and "slo_ms" in params
-        and params["variability"] in exp.sweep.later_variability
-    ]
+    later = later_configs({p: s.params for p, s in chosen.items()}, points, exp.sweep)
     tasks = []
     for recipe in (r for r in exp.evals if not r.sweep):
         tasks += tasks_for(recipe, later)
@@ -588,6 +572,20 @@ def run_experiment(exp: Experiment, timelines: bool = False, reuse: Reuse | None
         for run in _execute(extra, exp.jobs):
             result.timelines[(run.trace, run.policy)] = run.outcome.timeline
     return result
+
+
+def later_configs(
+    chosen: dict[str, Params], points: Sequence[tuple[str, Params]], sweep: Sweep
+) -> list[tuple[str, Params]]:
+    """What the traces without a sweep run: every chosen configuration but later_skip's (ours
+    whatever it is), and our SLO points at later_variability (once each)."""
+    later = [(p, params) for p, params in chosen.items() if p not in sweep.later_skip]
+    return later + [
+        (p, params)
+        for p, params in points
+        if p == "cosyvoice" and "slo_ms" in params
+        if params["variability"] in sweep.later_variability and (p, params) not in later
+    ]
 
 
 def _choose(summaries: Sequence[Summary], train: str) -> dict[str, Summary]:
