@@ -215,7 +215,7 @@ def test_queue_latency_drives_replicas_in_a_closed_loop(
                 lambda: (
                     (status(cluster, ns).get("autoscaling") or {}).get("desiredReplicas", 1) > 1
                 ),
-                timeout=40,
+                timeout=120,
             )
             assert deployment_replicas(cluster, ns) > 1
             wait_for(
@@ -247,7 +247,7 @@ def test_queue_latency_drives_replicas_in_a_closed_loop(
             wait_for(
                 "MetricsAvailable False",
                 lambda: condition(status(cluster, ns), "MetricsAvailable").get("status") == "False",
-                timeout=40,
+                timeout=120,
             )
             # With data, the idle service would go down once the scale-down window has passed
             # since the load stopped, at the next evaluation: wait past that, then no value
@@ -290,7 +290,7 @@ def test_queue_latency_drives_replicas_in_a_closed_loop(
                     condition(status(cluster, ns), "ScalingConflict").get("status") == "True"
                     and condition(status(cluster, ns), "ScalingConflict")
                 ),
-                timeout=40,
+                timeout=120,
             )
             assert "rival" in conflict["message"]
             cluster.kubectl("delete", "hpa", "rival", "-n", ns)

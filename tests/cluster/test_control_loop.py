@@ -150,7 +150,7 @@ def test_steady_state_makes_no_requests_and_a_restart_lists_each_kind_once(
         services_with_distinct_engines(cluster, ns, 10)
         wait_all_ready(cluster, ns, 10)
         # Let the last Events and records settle, then measure a quiet stretch.
-        wait_for("an idle queue", lambda: op.loop()["queued"] == 0, timeout=30)
+        wait_for("an idle queue", lambda: op.loop()["queued"] == 0, timeout=120)
         time.sleep(2)
         # The garbage collector checks, once, the owner of each new NetworkPolicy (a GET of
         # the service, some seconds after they are made): not the operator's, and not steady.
@@ -296,7 +296,7 @@ def test_a_build_that_finishes_while_blocked_is_recorded(
                 c.get("reason") == "ModelClaimMissing"
                 for c in cvs(cluster, ns, "blocked").get("status", {}).get("conditions", [])
             ),
-            timeout=30,
+            timeout=120,
         )
         obj = wait_for(
             "the finished build recorded",
@@ -380,7 +380,7 @@ def test_a_missing_credentials_secret_is_read_from_the_build_pod_not_the_secret(
                     return dict(c)
             return None
 
-        cond = wait_for("CredentialsSecretMissing", missing, timeout=30)
+        cond = wait_for("CredentialsSecretMissing", missing, timeout=120)
         assert "hf-token" in cond["message"]
     finally:
         op.stop()

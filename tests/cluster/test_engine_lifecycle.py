@@ -113,7 +113,7 @@ def test_service_builds_on_the_right_product_and_a_twin_reuses_it(
     cluster.apply(
         ns, service("second", replicas=3, serving={"nodeSelector": L20, "instancesPerGpu": 2})
     )
-    second = wait_engine_ready(cluster, ns, "second", timeout=15)
+    second = wait_engine_ready(cluster, ns, "second", timeout=120)
     assert second["status"]["engines"][0]["key"] == entry["key"]
     assert len(jobs(cluster, ns)) == 1
     # No finalizer: deleting a service never waits on the operator being up.
@@ -142,7 +142,7 @@ def test_scaling_changes_make_no_job_and_a_precision_change_makes_one(
     wait_for(
         "the spec change to be observed",
         lambda: cvs(cluster, ns, "svc")["status"].get("observedGeneration", 0) >= 3,
-        timeout=20,
+        timeout=120,
     )
     # Observed means decided: a Job would have been created before that status was written.
     assert len(jobs(cluster, ns)) == 1
@@ -217,7 +217,7 @@ def test_operator_killed_mid_build_adopts_the_job(
 
         # Where it runs and since when, so a long build shows it is alive (once it has run
         # REPORT_RUNNING_AFTER, 10 s: a shorter build costs no status write for it).
-        assert " since 20" in wait_for("the build pod's node", progress, timeout=30)
+        assert " since 20" in wait_for("the build pod's node", progress, timeout=120)
         [job] = jobs(cluster, ns)
         assert not job["status"].get("succeeded")
         op.kill()
@@ -322,7 +322,7 @@ def test_failing_build_reports_its_message_and_retries_with_backoff_then_stops(
             for j in jobs(cluster, ns)
             if j["metadata"]["labels"]["tts.cosyvoice.dev/attempt"] == "1"
         ],
-        timeout=30,
+        timeout=120,
     )
 
     # A new key starts fresh: attempt 1 of a new engine, whatever the old one went through.
@@ -341,7 +341,7 @@ def test_failing_build_reports_its_message_and_retries_with_backoff_then_stops(
         new = [j for j in jobs(cluster, ns) if j["metadata"]["labels"][KEY_LABEL] != old_key]
         return new or None
 
-    [new_job] = wait_for("a Job for the new key", fresh_job, timeout=30)
+    [new_job] = wait_for("a Job for the new key", fresh_job, timeout=120)
     assert new_job["metadata"]["labels"]["tts.cosyvoice.dev/attempt"] == "1"
 
 
@@ -390,7 +390,7 @@ def test_blocked_services_say_why_and_make_no_jobs(
         c = condition(cvs(cluster, ns, case), "EngineReady")
         return c if c.get("reason") == reason else None
 
-    cond = wait_for(f"EngineReady reason {reason}", blocked, timeout=30)
+    cond = wait_for(f"EngineReady reason {reason}", blocked, timeout=120)
     assert cond["status"] == "False"
     assert needle in cond["message"]
     # The pass that wrote this condition is the one that would have made the Job (Jobs are
@@ -455,7 +455,7 @@ def test_build_for_a_product_without_nodes_waits_and_says_why(
         engines = cvs(cluster, ns, "ahead").get("status", {}).get("engines") or []
         return engines[0] if engines and "waits for a GPU node" in engines[0]["message"] else None
 
-    entry = wait_for("the scheduler's reason", waiting, timeout=30)
+    entry = wait_for("the scheduler's reason", waiting, timeout=120)
     assert entry["state"] == "Pending" and entry["gpuArch"] == "sm_80"
     assert "node affinity" in entry["message"] or "didn't match" in entry["message"]
     assert cvs(cluster, ns, "ahead")["status"]["phase"] == "BuildingEngine"
@@ -474,7 +474,7 @@ def test_a_job_the_api_server_refuses_is_reported_on_the_service(
         c = condition(cvs(cluster, ns, "refused"), "EngineReady")
         return c if c.get("reason") == "JobCreateFailed" else None
 
-    cond = wait_for("EngineReady reason JobCreateFailed", refused, timeout=30)
+    cond = wait_for("EngineReady reason JobCreateFailed", refused, timeout=120)
     assert cond["status"] == "False"
     assert "the API server refused build Job cvs-engine-sm89-" in cond["message"]
     assert "422" in cond["message"] and "tolerations" in cond["message"]

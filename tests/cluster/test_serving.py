@@ -233,7 +233,7 @@ def test_an_engine_change_serves_throughout_and_steady_state_writes_nothing(
                 records[0]["metadata"].get("annotations") or {}
             )
 
-        wait_for("the old engine marked unreferenced", marked, timeout=30)
+        wait_for("the old engine marked unreferenced", marked, timeout=120)
         # Steady state: nothing the operator owns is written across a quiet stretch.
         time.sleep(2)
         before = apiserver_requests(cluster)
