@@ -77,10 +77,10 @@ def write(result: ex.Result, out: Path, elapsed: float | None) -> None:
 def pod_config(config: SimConfig, args: argparse.Namespace) -> SimConfig:
     """The experiment's configuration with ``--pod``'s profile and ``--slo`` (exits with the
     reason when the pod's busy first chunk leaves the SLO no wait)."""
-    known = {"L20": pod_profiles.UPSTREAM_L20, **pod_profiles.measured()}
-    if args.pod not in known:
-        raise SystemExit(f"--pod {args.pod}: no profile; known: {', '.join(sorted(known))}")
-    service = ServiceModel.for_pod(known[args.pod])
+    try:
+        service = ServiceModel.for_pod(pod_profiles.named(args.pod))
+    except KeyError as exc:
+        raise SystemExit(f"--pod {args.pod}: {exc.args[0]}") from None
     try:
         service.slo_sizing(args.slo)
     except ValueError as exc:

@@ -65,15 +65,33 @@ def measured() -> dict[str, PodProfile]:
     return {name: PodProfile(gpu=name, **fields) for name, fields in doc["profiles"].items()}
 
 
+def known() -> dict[str, PodProfile]:
+    """Every profile by name: upstream's L20 and those this project measured."""
+    return {"L20": UPSTREAM_L20, **measured()}
+
+
+def named(name: str) -> PodProfile:
+    """The profile called ``name`` exactly (``L20``, ``H200``); a KeyError that lists the
+    known names for any other (the benchmark's ``--pod``, where a silent fallback to the L20
+    would simulate another pod than the one asked for)."""
+    profiles = known()
+    if name not in profiles:
+        raise KeyError(
+            f"no pod profile {name!r}; known: {', '.join(sorted(profiles))} (L20 is "
+            "upstream's published benchmark; the others were measured by bench/gpu)"
+        )
+    return profiles[name]
+
+
 def profile(product: str) -> PodProfile:
     """The pod profile for a GPU product label or family name (``NVIDIA-H200``, ``H200``):
     measured if this project measured the family, else upstream's L20 figures."""
-    known = {"L20": UPSTREAM_L20, **measured()}
+    known_profiles = known()
     try:
         name = family(product)
     except UnknownGPUProduct:
         name = product
-    found = known.get(name)
+    found = known_profiles.get(name)
     if found is not None:
         return found
     return PodProfile(

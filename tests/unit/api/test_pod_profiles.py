@@ -87,3 +87,13 @@ def test_the_packaged_profiles_parse() -> None:
     # whatever calibrate.py wrote (or nothing yet): every entry is a complete profile
     for name, found in pod_profiles.measured().items():
         assert found.gpu == name and found.slots > 0 and found.first_chunk_busy_ms > 0
+
+
+def test_named_is_exact_and_lists_the_known_names() -> None:
+    # The benchmark's --pod asks for one pod; unlike profile(), no fallback to the L20.
+    assert pod_profiles.named("L20") is pod_profiles.UPSTREAM_L20
+    for name, measured in pod_profiles.measured().items():
+        assert pod_profiles.named(name) == measured
+    with pytest.raises(KeyError, match=r"no pod profile 'B300'; known: .*L20"):
+        pod_profiles.named("B300")
+    assert pod_profiles.profile("B300").source.startswith("no profile for B300")

@@ -41,7 +41,7 @@ def test_given_figures_override_the_pod_and_are_named_in_its_source() -> None:
 
 
 def test_an_unknown_pod_is_one_clear_error() -> None:
-    with pytest.raises(ValueError, match=r"--pod B300: no profile for it; known: .*L20"):
+    with pytest.raises(ValueError, match=r"--pod B300: no pod profile .B300.; known: .*L20"):
         command.service_model(parse("--pod", "B300"))
 
 

@@ -141,13 +141,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def service_model(args: argparse.Namespace) -> ServiceModel:
     """The pod of ``--pod`` with the figures given on the command line in place of its own.
     Raises ValueError for a GPU family without a profile."""
-    known = {"L20": pod_profiles.UPSTREAM_L20, **pod_profiles.measured()}
-    if args.pod not in known:
-        raise ValueError(
-            f"--pod {args.pod}: no profile for it; known: {', '.join(sorted(known))} "
-            "(L20 is upstream's published benchmark; the others were measured by bench/gpu)"
-        )
-    model = ServiceModel.for_pod(known[args.pod])
+    try:
+        model = ServiceModel.for_pod(pod_profiles.named(args.pod))
+    except KeyError as exc:
+        raise ValueError(f"--pod {args.pod}: {exc.args[0]}") from None
     given = {
         "slots": args.slots,
         "rtf": args.rtf,
