@@ -32,3 +32,23 @@ def input_array(request: Any, name: str, required: bool = True) -> Any:
             raise ValueError(f"input {name} is missing")
         return None
     return host_array(tensor)
+
+
+NO_DEFAULT_SPEAKER = (
+    "reference_wav is required: this deployment has no default speaker (spec.speakers.default)"
+)
+
+
+def reference_audio(request: Any) -> tuple[Any, str] | None:
+    """An orchestrator request's reference speaker: its waveform as a ``(1, samples)`` array
+    cut to ``reference_wav_len`` when given, and ``reference_text`` ("" when absent); ``None``
+    when the request has no ``reference_wav`` (the deployment's default speaker applies)."""
+    wav = input_array(request, "reference_wav", required=False)
+    if wav is None:
+        return None
+    wav = wav.reshape(1, -1)
+    length = input_array(request, "reference_wav_len", required=False)
+    if length is not None:
+        wav = wav[:, : int(length.reshape(-1)[0])]
+    text = input_array(request, "reference_text", required=False)
+    return wav, "" if text is None else text.reshape(-1)[0].decode("utf-8")

@@ -41,6 +41,7 @@ from cosyvoice_serving_models import contract, features  # noqa: E402
 from cosyvoice_serving_models.chunking import LOOKAHEAD_TOKENS, Chunking  # noqa: E402
 from cosyvoice_serving_models.orchestration import OneStreamAtATime  # noqa: E402
 from cosyvoice_serving_models.speakers import SpeakerCache, load_prompt, speaker_key  # noqa: E402
+from cosyvoice_serving_models.triton_io import NO_DEFAULT_SPEAKER, reference_audio  # noqa: E402
 from cosyvoice_serving_models.triton_io import host_array as host  # noqa: E402
 
 MODEL = "cosyvoice2"
@@ -119,20 +120,12 @@ class TritonPythonModel(OneStreamAtATime):
 
     # -- the steps -----------------------------------------------------------------------
     def _speaker(self, request: Any) -> tuple[str, tuple[Any, Any, Any]]:
-        wav_tensor = pb_utils.get_input_tensor_by_name(request, "reference_wav")
-        if wav_tensor is None:
+        reference = reference_audio(request)
+        if reference is None:
             if self.default_speaker is None:
-                raise ValueError(
-                    "reference_wav is required: this deployment has no default speaker "
-                    "(spec.speakers.default)"
-                )
+                raise ValueError(NO_DEFAULT_SPEAKER)
             return self.default_speaker
-        length_tensor = pb_utils.get_input_tensor_by_name(request, "reference_wav_len")
-        wav = host(wav_tensor).reshape(1, -1)
-        if length_tensor is not None:
-            wav = wav[:, : int(host(length_tensor).reshape(-1)[0])]
-        text_tensor = pb_utils.get_input_tensor_by_name(request, "reference_text")
-        text = "" if text_tensor is None else host(text_tensor).reshape(-1)[0].decode("utf-8")
+        wav, text = reference
         key = speaker_key(wav, text)
         cached = self.speakers.get(key)
         if cached is not None:
