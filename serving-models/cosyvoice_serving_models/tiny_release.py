@@ -27,19 +27,45 @@ it in its look-ahead and upsampling layers); HiFT keeps 480 samples per mel fram
 
 from __future__ import annotations
 
+import string
 import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-YAML = """\
-# tiny synthetic release (cosyvoice_serving_models.tiny_release): random weights
-__set_seed1: !apply:random.seed [1986]
-__set_seed3: !apply:torch.manual_seed [1986]
 
-sample_rate: 24000
+@dataclass(frozen=True)
+class Dimensions:
+    """The sizes that differ between the tiny release and upstream's (every interface the
+    other models feed stays upstream's: see the module's docstring)."""
+
+    encoder_heads: int
+    encoder_units: int
+    encoder_blocks: int
+    estimator_channels: int
+    estimator_head_dim: int
+    estimator_blocks: int
+    estimator_mid_blocks: int
+    estimator_heads: int
+    hift_channels: int
+    hift_resblock_kernels: str
+    hift_resblock_dilations: str
+    f0_channels: int
+
+
+TINY = Dimensions(2, 64, 1, 32, 16, 1, 1, 2, 16, "[3]", "[[1, 3, 5]]", 16)
+# Upstream's examples/libritts/cosyvoice2/conf/cosyvoice2.yaml at ace7c47 (for
+# bench/gpu/full_release.py).
+UPSTREAM = Dimensions(
+    8, 2048, 6, 256, 64, 4, 12, 8, 512, "[3, 7, 11]", "[[1, 3, 5], [1, 3, 5], [1, 3, 5]]", 512
+)
+
+TEMPLATE = string.Template(
+    """\
+${header}sample_rate: 24000
 llm_input_size: 896
 llm_output_size: 896
 spk_embed_dim: 192
-qwen_pretrain_path: '/nonexistent/CosyVoice-BlankEN'
+qwen_pretrain_path: '$qwen_pretrain_path'
 token_frame_rate: 25
 token_mel_ratio: 2
 chunk_size: 25
@@ -49,7 +75,7 @@ llm: !new:cosyvoice.llm.llm.Qwen2LM
     llm_input_size: !ref <llm_input_size>
     llm_output_size: !ref <llm_output_size>
     speech_token_size: 6561
-    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
+$llm_training    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
         pretrain_path: !ref <qwen_pretrain_path>
 
 flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
@@ -64,9 +90,9 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
     pre_lookahead_len: 3
     encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
         output_size: 512
-        attention_heads: 2
-        linear_units: 64
-        num_blocks: 1
+        attention_heads: $encoder_heads
+        linear_units: $encoder_units
+        num_blocks: $encoder_blocks
         dropout_rate: 0.1
         positional_dropout_rate: 0.1
         attention_dropout_rate: 0.1
@@ -93,19 +119,19 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
         estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
             in_channels: 320
             out_channels: 80
-            channels: [32]
+            channels: [$estimator_channels]
             dropout: 0.0
-            attention_head_dim: 16
-            n_blocks: 1
-            num_mid_blocks: 1
-            num_heads: 2
+            attention_head_dim: $estimator_head_dim
+            n_blocks: $estimator_blocks
+            num_mid_blocks: $estimator_mid_blocks
+            num_heads: $estimator_heads
             act_fn: 'gelu'
             static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
             num_decoding_left_chunks: !ref <num_decoding_left_chunks>
 
 hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
     in_channels: 80
-    base_channels: 16
+    base_channels: $hift_channels
     nb_harmonics: 8
     sampling_rate: !ref <sample_rate>
     nsf_alpha: 0.1
@@ -116,8 +142,8 @@ hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
     istft_params:
         n_fft: 16
         hop_len: 4
-    resblock_kernel_sizes: [3]
-    resblock_dilation_sizes: [[1, 3, 5]]
+    resblock_kernel_sizes: $hift_resblock_kernels
+    resblock_dilation_sizes: $hift_resblock_dilations
     source_resblock_kernel_sizes: [7, 7, 11]
     source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
     lrelu_slope: 0.1
@@ -125,7 +151,7 @@ hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
     f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
         num_class: 1
         in_channels: 80
-        cond_channels: 16
+        cond_channels: $f0_channels
 
 feat_extractor: !name:matcha.utils.audio.mel_spectrogram
     n_fft: 1920
@@ -147,6 +173,35 @@ mel_spec_transform1: !name:matcha.utils.audio.mel_spectrogram
     fmax: 8000
     center: False
 """
+)
+
+
+def release_yaml(
+    dims: Dimensions,
+    *,
+    header: str = "",
+    qwen_pretrain_path: str = "CosyVoice-BlankEN",
+    llm_training: str = "",
+) -> str:
+    """The release's ``cosyvoice2.yaml``: upstream's entries and class paths with ``dims``;
+    ``header`` (lines) before them, ``llm_training`` (lines) in the ``llm`` entry."""
+    return TEMPLATE.substitute(
+        header=header,
+        qwen_pretrain_path=qwen_pretrain_path,
+        llm_training=llm_training,
+        **{f.name: getattr(dims, f.name) for f in fields(dims)},
+    )
+
+
+YAML = release_yaml(
+    TINY,
+    header=(
+        "# tiny synthetic release (cosyvoice_serving_models.tiny_release): random weights\n"
+        "__set_seed1: !apply:random.seed [1986]\n"
+        "__set_seed3: !apply:torch.manual_seed [1986]\n\n"
+    ),
+    qwen_pretrain_path="/nonexistent/CosyVoice-BlankEN",
+)
 
 SPECIAL_TOKENS = ("<|sos|>", "<|task_id|>", "<|eos1|>")
 
