@@ -40,8 +40,7 @@ import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
 from cosyvoice_serving_models import contract, features  # noqa: E402
 from cosyvoice_serving_models.chunking import LOOKAHEAD_TOKENS, Chunking  # noqa: E402
 from cosyvoice_serving_models.orchestration import OneStreamAtATime  # noqa: E402
-from cosyvoice_serving_models.speakers import SpeakerCache, load_prompt, speaker_key  # noqa: E402
-from cosyvoice_serving_models.triton_io import NO_DEFAULT_SPEAKER, reference_audio  # noqa: E402
+from cosyvoice_serving_models.speakers import SpeakerCache, load_prompt  # noqa: E402
 from cosyvoice_serving_models.triton_io import host_array as host  # noqa: E402
 
 MODEL = "cosyvoice2"
@@ -119,17 +118,7 @@ class TritonPythonModel(OneStreamAtATime):
         return result
 
     # -- the steps -----------------------------------------------------------------------
-    def _speaker(self, request: Any) -> tuple[str, tuple[Any, Any, Any]]:
-        reference = reference_audio(request)
-        if reference is None:
-            if self.default_speaker is None:
-                raise ValueError(NO_DEFAULT_SPEAKER)
-            return self.default_speaker
-        wav, text = reference
-        key = speaker_key(wav, text)
-        cached = self.speakers.get(key)
-        if cached is not None:
-            return text, cached
+    def _reference_features(self, wav: Any) -> tuple[Any, Any]:
         wav_len = np.array([[wav.shape[1]]], dtype=np.int32)
         tokens = self._call(
             "audio_tokenizer",
@@ -139,16 +128,7 @@ class TritonPythonModel(OneStreamAtATime):
         embedding = self._call(
             "speaker_embedding", {"reference_wav": wav}, ["prompt_spk_embedding"]
         )["prompt_spk_embedding"]
-        mel = features.prompt_mel(wav, self.f_max)
-        prompt = np.array(speech_tokens(tokens), dtype=np.int32)
-        count = min(mel.shape[0] // 2, len(prompt))
-        speaker = (
-            prompt[:count].reshape(1, -1),
-            mel[None, : 2 * count].astype(np.float16),
-            np.asarray(embedding, dtype=np.float16).reshape(1, -1),
-        )
-        self.speakers.put(key, speaker)
-        return text, speaker
+        return np.array(speech_tokens(tokens), dtype=np.int32), embedding
 
     def _llm(self, caller: Any, text: str, prompt_tokens: Any) -> Iterator[list[int]]:
         ids = self.tokenizer.encode(f"<|sos|>{text}<|task_id|>").ids
