@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cosyvoice_operator.autoscaling.queueing import replicas_for_miss
+from cosyvoice_operator.autoscaling.queueing import miss_probability, replicas_for_miss
 from cosyvoice_operator.devtools.sim import experiment, oracle, report
 from cosyvoice_operator.devtools.sim.engine import SimConfig, played, simulate
 from cosyvoice_operator.devtools.sim.plant import ServiceModel
@@ -143,3 +143,52 @@ def test_the_report_shows_the_bounds_and_they_can_be_reused(
     monkeypatch.setattr(experiment, "search", never)
     reused = experiment.run_experiment(dataclasses.replace(exp, known_bounds=(again,)))
     assert reused.bounds == [bound]
+
+
+def test_priced_needs_minimize_pods_plus_priced_misses() -> None:
+    arrivals = [0.5 * i for i in range(120)]  # bucket 0: 2 requests/s; bucket 1: none
+    service = MODEL.service_seconds(8.0)
+    load = 120 * service / 60.0
+    for price in (0.0, 0.05, 1.0, 50.0):
+        (n, idle) = oracle.priced_needs(arrivals, [8.0] * 120, MODEL, 120.0, 0.39, price)
+        assert idle == 1
+
+        def cost(k: int, price: float = price) -> float:
+            per_pod = load / k
+            p = 1.0 if per_pod >= 4 else miss_probability(per_pod, 4, service, 0.39)
+            return k + price * 120 * p
+
+        assert cost(n) == min(cost(k) for k in range(1, 40))
+    cheap = oracle.priced_needs(arrivals, [8.0] * 120, MODEL, 120.0, 0.39, 0.01)
+    dear = oracle.priced_needs(arrivals, [8.0] * 120, MODEL, 120.0, 0.39, 100.0)
+    assert cheap[0] < dear[0]
+
+
+def test_bucket_counts_hold_the_largest_need_a_cold_start_ahead() -> None:
+    trace = poisson([2.0] * 10 + [12.0] * 10)
+    arrivals, audio, warm, _ = played(trace, CONFIG.warmup_s)
+    needs = oracle.priced_needs(
+        arrivals, audio, MODEL, warm + trace.duration_s, oracle.budget_seconds(CONFIG), 0.1
+    )
+    counts = oracle.bucket_counts(trace, CONFIG, 0.1)
+    lead = 4  # ceil((180 s cold start + 5 s) / 60 s)
+    assert counts == [max(needs[b : b + lead + 1]) for b in range(len(needs))]
+    assert counts[5 + 10 - lead] > counts[5]  # ready for the step before it comes
+
+
+def test_the_priced_search_and_its_refinement_reach_the_goal_for_less() -> None:
+    trace = poisson([2.0] * 10 + [12.0] * 10)
+    price, priced, runs = oracle.search_priced(trace, CONFIG, 0.99, steps=5)
+    assert runs == 5 and priced.slo_attainment >= 0.99
+    assert oracle.search_priced(trace, CONFIG, 0.99, steps=5) == (price, priced, runs)
+    counts = oracle.bucket_counts(trace, CONFIG, price)
+    start = oracle.counts_run(trace, CONFIG, counts)
+    best, fewer, spent = oracle.refine(trace, CONFIG, counts, 0.99)
+    assert best.slo_attainment >= 0.99 and best.gpu_hours <= start.gpu_hours
+    assert all(a <= b for a, b in zip(fewer, counts, strict=True)) and spent > 1
+    assert oracle.counts_run(trace, CONFIG, fewer) == best
+    # a local minimum: one replica fewer in any minute misses the goal
+    for b, n in enumerate(fewer):
+        if n > 1:
+            less = [*fewer[:b], n - 1, *fewer[b + 1 :]]
+            assert oracle.counts_run(trace, CONFIG, less).slo_attainment < 0.99
