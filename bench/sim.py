@@ -37,7 +37,7 @@ from cosyvoice_operator.devtools.sim import experiment as ex
 from cosyvoice_operator.devtools.sim import oracle, report
 from cosyvoice_operator.devtools.sim.command import default_trace
 from cosyvoice_operator.devtools.sim.engine import SimConfig
-from cosyvoice_operator.devtools.sim.plant import ServiceModel
+from cosyvoice_operator.devtools.sim.plant import ROUND_ROBIN, ROUTINGS, ServiceModel
 from cosyvoice_operator.devtools.sim.policies import POLICIES
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -117,10 +117,20 @@ def main() -> int:
     parser.add_argument("--log", action="store_true", help="a line per run on stderr (jobs 1)")
     parser.add_argument("--sensitivity", action="store_true", help="issue 22 item 7 instead")
     parser.add_argument(
+        "--routing",
+        choices=ROUTINGS,
+        default=ROUND_ROBIN,
+        help="how the plant spreads requests (least-loaded: a what-if, to sim-least-loaded/)",
+    )
+    parser.add_argument(
         "--no-bounds", action="store_true", help="skip the clairvoyant bounds (the costly part)"
     )
     args = parser.parse_args()
-    args.out = args.out or (RESULTS if args.pod == "L20" else RESULTS / f"sim-{args.pod.lower()}")
+    if args.out is None:  # results/, results/sim-h200/, results/sim-least-loaded/ ...
+        parts = ([] if args.pod == "L20" else [args.pod.lower()]) + (
+            [] if args.routing == ROUND_ROBIN else [args.routing]
+        )
+        args.out = RESULTS / "-".join(["sim", *parts]) if parts else RESULTS
     if args.sensitivity:
         return sensitivity(args)
     if args.from_pickle:
@@ -128,7 +138,8 @@ def main() -> int:
         write(saved["result"], args.out, saved["elapsed"])
         return 0
     exp = ex.default_experiment(args.trace, args.multiplier, args.seeds, args.small)
-    exp = replace(exp, jobs=args.jobs, log=args.log, config=pod_config(exp.config, args))
+    config = replace(pod_config(exp.config, args), routing=args.routing)
+    exp = replace(exp, jobs=args.jobs, log=args.log, config=config)
     if args.evals:
         keep = args.evals.split(",")
         exp = replace(exp, evals=tuple(r for r in exp.evals if r.name in keep))

@@ -200,3 +200,31 @@ def test_a_measured_pod_profile_drives_the_plant_and_the_sizing() -> None:
     plant = Plant(pod, cold_start_s=60.0, initial_ready=1)
     plant.tick(0.0)
     assert [plant.dispatch(0.0, 10.0) for _ in range(3)] == pytest.approx([0.4, 0.5, 0.6])
+
+
+def test_least_loaded_routing_sends_to_the_pod_that_frees_first() -> None:
+    # Two one-slot pods; a long request holds pod 0, a short one pod 1. The third request
+    # goes to pod 0 by round robin (and waits for it), to pod 1 when routed by load.
+    waits = {}
+    for routing in ("round-robin", "least-loaded"):
+        plant = Plant(ONE_SECOND, cold_start_s=60.0, initial_ready=2, routing=routing)
+        plant.tick(0.0)
+        assert plant.dispatch(0.0, 20.0) == pytest.approx(0.2)
+        assert plant.dispatch(0.0, 1.0) == pytest.approx(0.2)
+        waits[routing] = plant.dispatch(5.0, 1.0)
+    assert waits == pytest.approx({"round-robin": 15.2, "least-loaded": 0.2})
+
+
+def test_least_loaded_routing_breaks_ties_by_busy_streams() -> None:
+    model = ServiceModel(
+        slots=2, rtf=1.0, overhead_s=0.0, first_chunk_s=0.2, first_chunk_per_stream_s=0.3
+    )
+    plant = Plant(model, cold_start_s=60.0, initial_ready=2, routing="least-loaded")
+    plant.tick(0.0)
+    # every request finds a free slot; each goes where fewer streams are busy
+    assert [plant.dispatch(0.0, 10.0) for _ in range(4)] == pytest.approx([0.2, 0.2, 0.5, 0.5])
+
+
+def test_an_unknown_routing_is_refused() -> None:
+    with pytest.raises(ValueError, match="round-robin, least-loaded"):
+        Plant(ONE_SECOND, cold_start_s=60.0, initial_ready=1, routing="random")

@@ -36,6 +36,7 @@ class SimConfig:
     initial_replicas: int = 1
     warmup_s: float = 600.0
     give_up_s: float = 30.0  # a client stops waiting for a request that has not started
+    routing: str = "round-robin"  # or "least-loaded" (`plant.ROUTINGS`): a what-if
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def played(trace: Trace, warmup_s: float) -> tuple[list[float], list[float], flo
 def simulate(trace: Trace, controller: Controller, config: SimConfig) -> Outcome:
     static = controller.policy == "static"
     initial = int(controller.params["replicas"]) if static else config.initial_replicas
-    plant = Plant(config.service, config.cold_start_s, initial, config.give_up_s)
+    plant = Plant(config.service, config.cold_start_s, initial, config.give_up_s, config.routing)
     arrivals, audio, warm, head = played(trace, config.warmup_s)
     prom = Prometheus(config.prometheus, [(a + warm, b + warm) for a, b in trace.outages])
     scrape_every = config.prometheus.scrape_interval_s

@@ -217,12 +217,35 @@ class Prometheus:
         )
 
 
+# How requests are spread over the Ready pods. ROUND_ROBIN is what a Kubernetes Service in
+# front of Triton gives (kube-proxy spreads connections, not load); LEAST_LOADED is a router
+# that sends each request to the pod whose first slot frees soonest, the fewest busy streams
+# breaking ties (Envoy's least-request balancing or an inference gateway's endpoint picker
+# would come close). Not a product feature: a what-if for the benchmark (issue 22).
+ROUND_ROBIN = "round-robin"
+LEAST_LOADED = "least-loaded"
+ROUTINGS = (ROUND_ROBIN, LEAST_LOADED)
+
+
+def _load_seen(pod: Pod, now: float) -> tuple[float, int]:
+    """(how long a request sent now would wait for a slot, the streams busy now)."""
+    return (max(0.0, pod.free[0] - now), sum(1 for f in pod.free if f > now))
+
+
 class Plant:
     """The pods of one service and their traffic."""
 
     def __init__(
-        self, model: ServiceModel, cold_start_s: float, initial_ready: int, give_up_s: float = 30.0
+        self,
+        model: ServiceModel,
+        cold_start_s: float,
+        initial_ready: int,
+        give_up_s: float = 30.0,
+        routing: str = ROUND_ROBIN,
     ) -> None:
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing {routing!r}: one of {', '.join(ROUTINGS)}")
+        self.routing = routing
         self.model = model
         self.give_up_s = give_up_s
         self.cold_start_s = cold_start_s
@@ -317,6 +340,8 @@ class Plant:
                 self._create(arrival, arrival + self.cold_start_s)
                 candidates = [self.pods[-1]]
             pod = min(candidates, key=lambda p: p.ready_at)
+        elif self.routing == LEAST_LOADED:
+            pod = min(pods, key=lambda p: _load_seen(p, arrival))
         else:
             pod = pods[self.rr % len(pods)]
             self.rr += 1
