@@ -90,6 +90,13 @@ def cheapest_baselines(sim: dict[str, Any]) -> dict[str, tuple[float | None, flo
     return out
 
 
+def cell(xs: list[float]) -> str:
+    """Mean (range) of the seeds' GPU-hours, or "not run"."""
+    if not xs:
+        return "not run"
+    return f"{statistics.mean(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})"
+
+
 def markdown(rows: list[dict[str, Any]], base: dict[str, tuple[float | None, float]]) -> str:
     lines = [
         "| trace | cheapest baseline at 99 % (GPU-h) | one-share oracle | priced | "
@@ -101,12 +108,6 @@ def markdown(rows: list[dict[str, Any]], base: dict[str, tuple[float | None, flo
         priced = [r["priced"]["gpu_hours"] for r in mine]
         refined = [r["refined"]["gpu_hours"] for r in mine if r["refined"]]
         best = statistics.mean(refined or priced)
-
-        def cell(xs: list[float]) -> str:
-            if not xs:
-                return "not run"
-            return f"{statistics.mean(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})"
-
         cheapest, uniform = base.get(trace, (None, math.nan))
         if cheapest is not None:
             known = f"{cheapest:.1f}"
@@ -133,6 +134,7 @@ def main() -> int:
     base = cheapest_baselines(json.loads(args.sim.read_text()))
     if args.from_json:
         table = markdown(json.loads(args.from_json.read_text())["rows"], base)
+        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "oracle-search.md").write_text(table + "\n")
         print(table)
         return 0

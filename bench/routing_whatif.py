@@ -53,9 +53,11 @@ def configurations(sim: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]
     return out
 
 
-def run(task: tuple[str, str, dict[str, Any], int, str, SimConfig]) -> dict[str, Any]:
-    label, policy, params, seed, routing, config = task
-    trace = ex.default_experiment(str(default_trace()), 5.0, 3).evals[0].build(seed)
+def run(
+    task: tuple[str, str, dict[str, Any], ex.TraceRecipe, int, str, SimConfig],
+) -> dict[str, Any]:
+    label, policy, params, recipe, seed, routing, config = task
+    trace = recipe.build(seed)
     cfg = replace(config, routing=routing)
     if policy == "static":  # the fewest pods that hold 99 %
         n = max(1, int(ex.mean_load_pods(trace, cfg)))
@@ -114,7 +116,7 @@ def main() -> int:
     configs = configurations(json.loads(args.sim.read_text()))
     configs.append(("static, fewest pods at 99 %", "static", {}))
     tasks = [
-        (label, policy, params, seed, routing, config)
+        (label, policy, params, recipe, seed, routing, config)
         for label, policy, params in configs
         for routing in ROUTINGS
         for seed in range(args.seeds)

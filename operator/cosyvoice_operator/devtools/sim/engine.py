@@ -22,7 +22,13 @@ import math
 from array import array
 from dataclasses import dataclass, field
 
-from cosyvoice_operator.devtools.sim.plant import Plant, Prometheus, PrometheusModel, ServiceModel
+from cosyvoice_operator.devtools.sim.plant import (
+    ROUND_ROBIN,
+    Plant,
+    Prometheus,
+    PrometheusModel,
+    ServiceModel,
+)
 from cosyvoice_operator.devtools.sim.policies import PHASE_S, Controller
 from cosyvoice_operator.devtools.sim.trace import Trace
 
@@ -36,7 +42,7 @@ class SimConfig:
     initial_replicas: int = 1
     warmup_s: float = 600.0
     give_up_s: float = 30.0  # a client stops waiting for a request that has not started
-    routing: str = "round-robin"  # or "least-loaded" (`plant.ROUTINGS`): a what-if
+    routing: str = ROUND_ROBIN  # or LEAST_LOADED (`plant.ROUTINGS`): a what-if
 
 
 @dataclass(frozen=True)

@@ -249,27 +249,19 @@ HIGH_PRICE = 1e3
 PRICE_STEPS = 9
 
 
-@dataclass(frozen=True)
-class Cheaper:
-    """Two schedules from outside the one-share family, for one trace and seed (issue 22's
-    evidence that the bar is beyond the clairvoyant): the priced schedule (`priced_needs`,
-    the cheapest price reaching the goal) and, where run, its local search (`refine`)."""
-
-    trace: str
-    seed: int
-    price: float
-    priced: Outcome
-    refined: Outcome | None
-    plant_runs: int
+def _priced_needs_of(trace: Trace, config: SimConfig, price: float) -> list[int]:
+    """`priced_needs` over the trace as played (its warm-up included)."""
+    arrivals, audio, warm, _ = played(trace, config.warmup_s)
+    return priced_needs(
+        arrivals, audio, config.service, warm + trace.duration_s, budget_seconds(config), price
+    )
 
 
 def priced_run(trace: Trace, config: SimConfig, price: float) -> Outcome:
     """The priced schedule, asked for a cold start ahead like `schedule_run`, in the plant."""
-    arrivals, audio, warm, _ = played(trace, config.warmup_s)
-    needs = priced_needs(
-        arrivals, audio, config.service, warm + trace.duration_s, budget_seconds(config), price
+    controller = OracleSchedule(
+        _priced_needs_of(trace, config, price), config.cold_start_s + INTERVAL_S
     )
-    controller = OracleSchedule(needs, config.cold_start_s + INTERVAL_S)
     return replace(simulate(trace, controller, config), timeline=())
 
 
@@ -300,10 +292,7 @@ def search_priced(
 def bucket_counts(trace: Trace, config: SimConfig, price: float) -> list[int]:
     """The priced schedule held for whole buckets: each bucket's count the largest priced
     need from it to a cold start (and an interval) past its end."""
-    arrivals, audio, warm, _ = played(trace, config.warmup_s)
-    needs = priced_needs(
-        arrivals, audio, config.service, warm + trace.duration_s, budget_seconds(config), price
-    )
+    needs = _priced_needs_of(trace, config, price)
     lead = math.ceil((config.cold_start_s + INTERVAL_S) / BUCKET_S)
     return [max(needs[b : b + lead + 1]) for b in range(len(needs))]
 
