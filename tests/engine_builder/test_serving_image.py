@@ -13,6 +13,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from cosyvoice_engine_builder.serving import options
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -86,12 +88,12 @@ def test_upstream_is_pinned_to_one_full_commit_everywhere() -> None:
 def test_base_release_has_the_august_2025_triton_fixes_and_matches_the_examples() -> None:
     """Issue 21 H1: no base before 25.07; the TensorRT-LLM examples' tag is the base's 0.20.0."""
     for path in (BUILDER, SERVING):
-        for image, _ in _froms(path):
-            match = re.fullmatch(
-                r"nvcr\.io/nvidia/tritonserver:(\d+)\.(\d+)-trtllm-python-py3", image
-            )
-            if match:
-                assert (int(match.group(1)), int(match.group(2))) >= (25, 7), image
+        froms = _froms(path)
+        stages = {name for _, name in froms if name}
+        images = [image for image, _ in froms if image not in stages]
+        assert images, path
+        for image in images:
+            assert _triton_release(image) >= (25, 7), image
     assert _args(BUILDER)["TRTLLM_GIT_REF"] == "v0.20.0"
     # A moved tag is caught when the commit is given, and always recorded.
     dockerfile = BUILDER.read_text()
@@ -100,6 +102,31 @@ def test_base_release_has_the_august_2025_triton_fixes_and_matches_the_examples(
     # The fetchers are installed at exact versions.
     pip = [line for line in _instructions(BUILDER) if "pip install" in line]
     assert pip and all(">=" not in line and "==" in line for line in pip)
+
+
+def _triton_release(image: str) -> tuple[int, int]:
+    """(year, month) of an NGC TensorRT-LLM Triton image, tag or tag pinned by digest; any
+    other image fails the test (a base this check cannot read is not let through)."""
+    match = re.fullmatch(
+        r"nvcr\.io/nvidia/tritonserver:(\d+)\.(\d+)-trtllm-python-py3(@sha256:[0-9a-f]{64})?",
+        image,
+    )
+    assert match, f"{image}: not an nvcr.io tritonserver YY.MM-trtllm-python-py3 image"
+    return int(match.group(1)), int(match.group(2))
+
+
+def test_the_release_check_reads_a_base_pinned_by_digest_and_refuses_others() -> None:
+    """The advice in both Dockerfiles is to pin the base by digest: the check still reads it."""
+    tag = "nvcr.io/nvidia/tritonserver:25.07-trtllm-python-py3"
+    assert _triton_release(tag) == (25, 7)
+    assert _triton_release(f"{tag}@sha256:{'0a' * 32}") == (25, 7)
+    for other in (
+        "nvcr.io/nvidia/tritonserver:25.07-py3",
+        "nvcr.io/nvidia/tritonserver@sha256:" + "0a" * 32,
+        "ubuntu:24.04",
+    ):
+        with pytest.raises(AssertionError, match=r"not an nvcr\.io tritonserver"):
+            _triton_release(other)
 
 
 def _matcha_commit(readme: str) -> str:

@@ -129,9 +129,11 @@ def test_the_report_shows_the_bounds_and_they_can_be_reused(
     assert "| eval.csv | oracle schedule |" in report.markdown(result)
     assert "oracle schedule" in report.table(result)
     (verdict,) = report.verdicts(result)
-    if verdict.compared_with:
-        assert verdict.oracle_ratio is not None and verdict.work_ratio is not None
-        assert verdict.work_ratio < verdict.oracle_ratio
+    # Baselines reach 99 % on this trace (hpa-concurrency, keda, keda-fallback when written),
+    # so the bounds are priced against the cheapest of them: the ratios must be there.
+    assert verdict.compared_with, verdict
+    assert verdict.oracle_ratio is not None and verdict.work_ratio is not None, verdict
+    assert verdict.work_ratio < verdict.oracle_ratio
     document = json.loads(json.dumps(report.to_json(result)))
     assert document["summary"]["bounds"][0]["trace"] == "eval.csv"
     (again,) = oracle.bounds_from_json(document)
