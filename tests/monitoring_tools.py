@@ -32,7 +32,7 @@ PROMETHEUS_OPERATOR_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
 # so it is told (`helm lint` cannot be: it gets monitoring.requireCRDs=false instead).
 MONITORING_API = "monitoring.coreos.com/v1"
 NO_CRD_CHECK = "monitoring.requireCRDs=false"
-RUNBOOK = REPO / "docs" / "runbook.md"
+RUNBOOK = REPO / "docs" / "operations" / "runbook.md"
 
 ALL_MONITORING = (
     'monitoring={"serviceMonitor":{"enabled":true},"podMonitor":{"enabled":true},'

@@ -2,7 +2,7 @@
 gauge of their instance, the request loop around it with the drain's admission check
 (:mod:`.admission`), and the speaker of a request (its reference audio's prompt features,
 cached, or the default speaker). One stream at a time per instance, so Triton's queue time
-is the wait before synthesis starts (docs/triton-repository.md, "Queue latency").
+is the wait before synthesis starts (docs/concepts/triton-repository.md, "Queue latency").
 
 ``triton_python_backend_utils`` exists only inside a Python-backend stub: it is imported where
 it is used, so the package stays importable elsewhere (its tests, the image's import check).

@@ -119,8 +119,8 @@ def test_every_alert_links_its_runbook_section(helm: Path) -> None:
     }
     for name, rule in found.items():
         url = rule["annotations"]["runbook_url"]
-        assert url == f"{home}/blob/main/docs/runbook.md#{name.lower()}", url
-        assert name.lower() in sections, f"docs/runbook.md has no section {name}"
+        assert url == f"{home}/blob/main/docs/operations/runbook.md#{name.lower()}", url
+        assert name.lower() in sections, f"docs/operations/runbook.md has no section {name}"
     assert len(sections) == len(found), "a runbook section without its alert"
     moved = alerts(
         render_chart(

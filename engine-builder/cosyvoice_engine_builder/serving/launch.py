@@ -122,7 +122,8 @@ def tritonserver_argv(options: ServeOptions, environ: Mapping[str, str]) -> tupl
     name=prefix0_``; NVIDIA/TensorRT-LLM ``triton_backend/scripts/launch_triton_server.py``,
     ``get_cmd``): the backend spawns its executor workers from that MPI job. Leader mode (one
     LLM group, or no ``tensorrt_llm`` model) starts tritonserver directly, as upstream's
-    run.sh does. docs/triton-repository.md says which of the launcher's flags are left out."""
+    run.sh does. docs/concepts/triton-repository.md says which of the launcher's flags are left
+    out."""
     restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={admin_key(environ)}"
     prefix: tuple[str, ...] = ()
     suffix: tuple[str, ...] = ()

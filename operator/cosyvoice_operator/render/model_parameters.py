@@ -8,7 +8,7 @@ One declaration per (variant, model), read in three places:
 - a contract test of the model code (every parameter the renderer may write has a reader
   in the model code, every parameter the model code reads is declared here) reads
   :data:`MODEL_PARAMETERS` and :func:`read_by_model_code`;
-- ``docs/triton-repository.md`` lists the same keys, with who reads each.
+- ``docs/concepts/triton-repository.md`` lists the same keys, with who reads each.
 
 Who reads a key (``reader``):
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 # model_instance_state.cc: getBatchingTypeFromParams (gpt_model_type) and
 # getGuidedDecodingConfigFromParams (the other three), the only GetParameter calls outside a
 # try/catch (every other key has a default); the same in tensorrtllm_backend v0.19.0
-# (serving-audit B1). docs/triton-repository.md has the list and its source.
+# (serving-audit B1). docs/concepts/triton-repository.md has the list and its source.
 TRTLLM_UNGUARDED_PARAMETERS: tuple[str, ...] = (
     "gpt_model_type",
     "tokenizer_dir",

@@ -4,7 +4,7 @@
 model code (upstream's Python models) comes from the serving image, the engine files from
 the engine directory mounted at ``engine_dir``. Nothing here reads a file or the cluster.
 
-docs/triton-repository.md says which facts come from upstream (FunAudioLLM/CosyVoice,
+docs/concepts/triton-repository.md says which facts come from upstream (FunAudioLLM/CosyVoice,
 ``runtime/triton_trtllm`` at commit ace7c47) and which are ours, and why: every GPU of the
 pod used, the LLM once per tensor-parallel group, the orchestrator's instance count,
 batching from the spec, the paths inside the engine directory and :data:`MODEL_VIEW`, queue
@@ -39,7 +39,8 @@ MODEL_NAMES: dict[str, tuple[str, ...]] = {
     "cosyvoice3": ("cosyvoice3", "token2wav", "vocoder", "audio_tokenizer", "speaker_embedding"),
 }
 LLM_BASE_PORT = 8010
-# The model directory the serving entrypoint assembles in the pod (docs/triton-repository.md).
+# The model directory the serving entrypoint assembles in the pod
+# (docs/concepts/triton-repository.md).
 MODEL_VIEW = "/tmp/model_view"
 LLM_CHAT_PATH = "/v1/chat/completions"
 # CosyVoice2 token2wav's vocoder state between the chunks of a stream (serving-models/):
@@ -147,7 +148,8 @@ def llm_urls(svc: ServiceSpec) -> list[str]:
 
 def orchestrator_instances(svc: ServiceSpec) -> int:
     """Instances of the orchestrator in one pod: upstream's per-GPU count times the GPUs, and
-    for CosyVoice2 at least one per LLM sequence slot (docs/triton-repository.md says why)."""
+    for CosyVoice2 at least one per LLM sequence slot (docs/concepts/triton-repository.md says
+    why)."""
     _check_variant(svc.model.variant)
     upstream = ORCHESTRATOR_INSTANCES_PER_GPU[svc.model.variant] * svc.serving.gpus_per_replica
     if svc.model.variant != "cosyvoice2":
@@ -280,7 +282,7 @@ def _decoupled(svc: ServiceSpec) -> dict[str, Value]:
     return {"decoupled": svc.serving.streaming}
 
 
-# Python models: inputs always in host memory (docs/triton-repository.md: "Device memory
+# Python models: inputs always in host memory (docs/concepts/triton-repository.md: "Device memory
 # between GPUs").
 _HOST_INPUTS = {"FORCE_CPU_ONLY_INPUT_TENSORS": "yes"}
 

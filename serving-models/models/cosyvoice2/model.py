@@ -4,8 +4,8 @@ The project's own model code (``serving-models/README.md``). One stream per inst
 ``execute`` is synchronous and serves its one request (``max_batch_size: 1``) to the end, so a
 request that finds every instance busy waits in Triton's queue, and
 ``nv_inference_queue_duration_us`` of this model is the time before its synthesis starts
-(``docs/triton-repository.md``, "Queue latency"). No torch and no CUDA here: NumPy in, NumPy
-out, every BLS response asked in host memory. Per request:
+(``docs/concepts/triton-repository.md``, "Queue latency"). No torch and no CUDA here: NumPy in,
+NumPy out, every BLS response asked in host memory. Per request:
 
 1. the speaker: reference audio -> ``audio_tokenizer`` (speech tokens) and
    ``speaker_embedding``, and its mel (:mod:`cosyvoice_serving_models.features`); cached on

@@ -37,7 +37,7 @@ from cosyvoice_operator.devtools.sim.oracle import Bound, search
 from cosyvoice_operator.devtools.sim.policies import Params
 
 GOAL_ATTAINMENT = GOAL = 0.99
-# Our policy's settings besides the target (see docs/autoscaling-benchmark.md): no floor
+# Our policy's settings besides the target (see docs/benchmarks/autoscaling.md): no floor
 # beyond one replica, a scale-up step sized for fleets of tens of pods, and the tuning
 # guide's 10-minute scale-down window.
 OURS: Params = {

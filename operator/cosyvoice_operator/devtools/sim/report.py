@@ -332,7 +332,7 @@ def table(result: Result) -> str:
 
 
 def markdown(result: Result) -> str:
-    """The report as Markdown tables (for docs/autoscaling-benchmark.md)."""
+    """The report as Markdown tables (for docs/benchmarks/autoscaling.md)."""
     lines = [
         f"Simulated {result.experiment.config.service.describe()}.",
         "",

@@ -14,7 +14,7 @@ Everything here is pure and seeded: the same arguments give the same trace.
 - `diurnal_day` synthesizes 24 hours (or a week) from one trace (the method is in its
   docstring); `diurnal_envelope` gives its shape by hour, with the trough as a parameter
   (0.2 of the peak: the original day; 0.05: the deep-trough variant), and weekend days
-  scaled by a factor (docs/autoscaling-benchmark.md says where the shapes come from and
+  scaled by a factor (docs/benchmarks/autoscaling.md says where the shapes come from and
   which numbers are assumptions).
 """
 
