@@ -1,7 +1,8 @@
 """build_job.render_job / render_record: the objects the operator writes for one engine build.
 
 The golden file shows, as a readable diff in review, any change of what the operator would
-write. Regenerate it with ``UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit``.
+write. Regenerate it with ``UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit`` (a test
+that rewrites a file fails; rerun without it: ``tests/unit/golden.py``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import dataclasses
 import datetime as dt
 import importlib
 import json
-import os
 import re
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +23,7 @@ from cosyvoice_operator.api import engine_identity, gpus, labels, spec
 from cosyvoice_operator.api.engine_identity import EngineTarget
 from cosyvoice_operator.render import build_job
 from cosyvoice_operator.render.build_job import BuildSettings, render_job, render_record
+from tests.unit import golden
 from tests.unit.objects import CACHE, identity, node, service
 
 
@@ -53,11 +54,7 @@ def _to_yaml(obj: Any) -> str:
 def _assert_golden(name: str, obj: Any) -> None:
     path = GOLDEN / name
     text = _to_yaml(obj)
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1 to create it"
-    assert text == path.read_text(), f"{name} differs from the golden file (UPDATE_GOLDEN=1)"
+    golden.check(path, text)
 
 
 def _golden_case() -> tuple[EngineTarget, spec.ServiceSpec]:

@@ -3,13 +3,13 @@
 Every rendered ``config.pbtxt`` is parsed with Triton's own ``ModelConfig`` message
 (``tritonclient.grpc.model_config_pb2``) by protobuf's text format, which rejects any field
 Triton does not know. The golden files show any change of what the operator would write as a
-readable diff; regenerate them with ``UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit``.
+readable diff; regenerate them with ``UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit``
+(each test that rewrites a file fails; rerun without it: ``tests/unit/golden.py``).
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from cosyvoice_engine_builder import layout as builder_layout
 from cosyvoice_operator.api import spec
 from cosyvoice_operator.render import triton
 from cosyvoice_operator.render.model_parameters import TRTLLM_UNGUARDED_PARAMETERS
+from tests.unit import golden
 from tests.unit.objects import service
 
 GOLDEN = Path(__file__).parent / "golden" / "triton"
@@ -74,12 +75,7 @@ def params(config: Any) -> dict[str, str]:
 def test_golden(variant: str, case: str) -> None:
     repository = triton.render_repository(svc_of(variant, **GOLDEN_CASES[case]), ENGINE_DIR)
     folder = GOLDEN / f"{variant}-{case}"
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob("*.pbtxt"):
-            stale.unlink()
-        for name, text in repository.items():
-            (folder / f"{name}.pbtxt").write_text(text)
+    golden.sync_folder(folder, repository, ".pbtxt")
     assert folder.is_dir(), f"{folder} missing: run with UPDATE_GOLDEN=1 to create it"
     assert sorted(p.stem for p in folder.glob("*.pbtxt")) == sorted(repository)
     for name, text in repository.items():

@@ -2,14 +2,14 @@
 (which engine each architecture serves, the replica split, what is applied, the status).
 
 Golden files show what the operator would write; regenerate them with
-``UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit``.
+``UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit`` (each test that rewrites a file fails;
+rerun without it: ``tests/unit/golden.py``).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from cosyvoice_operator.plan import serving
 from cosyvoice_operator.plan.engine_state import EngineState
 from cosyvoice_operator.render import workloads
 from cosyvoice_operator.render.workloads import ArchServing, ServingSettings
+from tests.unit import golden as golden_files
 from tests.unit.objects import node, service
 from tests.unit.world import FakeWorld
 
@@ -34,10 +35,7 @@ NEW_KEY = "b" * 40
 def golden(name: str, obj: Any) -> None:
     path = GOLDEN / name
     text = yaml.safe_dump(json.loads(json.dumps(obj)), sort_keys=False, width=100)
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.write_text(text)
-    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1 to create it"
-    assert text == path.read_text(), f"{name} differs from the golden file (UPDATE_GOLDEN=1)"
+    golden_files.check(path, text)
 
 
 def body(name: str = "tts", replicas: int = 3, **spec: Any) -> dict[str, Any]:
