@@ -6,11 +6,15 @@ import fcntl
 import os
 import shutil
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
+import pytest
+
+from cosyvoice_engine_builder import pipeline
 from cosyvoice_engine_builder.lock import exclusive_lock
 from tests.engine_builder.conftest import KEY, Builder
 
@@ -32,6 +36,45 @@ def _lock_path(builder: Builder) -> Path:
     return builder.cache / ".locks" / f"{KEY}.lock"
 
 
+def lock_waits(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -> threading.Event:
+    """An event set once ``module`` (pipeline or remove) has found the key's lock held and
+    reported that it waits: a spy around the real :func:`exclusive_lock`, so that another
+    builder's thread releases the lock on that state, not after a guessed time."""
+    waiting = threading.Event()
+    real = module.exclusive_lock
+
+    def spied(path: Path, *, on_wait: Callable[[float, str], None], **kwargs: Any) -> Any:
+        def reported(waited: float, holder: str) -> None:
+            on_wait(waited, holder)
+            waiting.set()
+
+        return real(path, on_wait=reported, **kwargs)
+
+    monkeypatch.setattr(module, "exclusive_lock", spied)
+    return waiting
+
+
+def hold_until(
+    lock: Path, waiting: threading.Event, then: Callable[[], None] = lambda: None
+) -> tuple[threading.Thread, list[bool]]:
+    """Another builder's thread: holds ``lock`` until ``waiting`` is set (at most 60 s), runs
+    ``then`` still holding it, and releases. ``acquired`` is set once it holds the lock;
+    ``saw_waiter`` records whether the waiter was seen before the release."""
+    acquired = threading.Event()
+    saw_waiter: list[bool] = []
+
+    def other_builder() -> None:
+        with held(lock):
+            acquired.set()
+            saw_waiter.append(waiting.wait(timeout=60))
+            then()
+
+    thread = threading.Thread(target=other_builder)
+    thread.start()
+    assert acquired.wait(timeout=30)
+    return thread, saw_waiter
+
+
 def test_a_held_lock_stops_a_second_builder(builder: Builder) -> None:
     with held(_lock_path(builder)):
         result = builder.build(lock_timeout=1)
@@ -44,47 +87,37 @@ def test_a_held_lock_stops_a_second_builder(builder: Builder) -> None:
     assert "[lock] waiting for" in result.out
 
 
-def test_the_second_builder_proceeds_once_the_lock_is_released(builder: Builder) -> None:
-    lock = _lock_path(builder)
-    acquired = threading.Event()
-
-    def other_builder() -> None:
-        with held(lock):
-            acquired.set()
-            time.sleep(1.5)
-
-    thread = threading.Thread(target=other_builder)
-    thread.start()
-    acquired.wait()
-    started = time.monotonic()
+def test_the_second_builder_proceeds_once_the_lock_is_released(
+    builder: Builder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waiting = lock_waits(monkeypatch, pipeline)
+    thread, saw_waiter = hold_until(_lock_path(builder), waiting)
     result = builder.build()
     thread.join()
+    # The lock was released only once this builder waited for it, and then it built.
+    assert saw_waiter == [True]
     assert result.code == 0, result.out
-    assert time.monotonic() - started >= 1.0
     assert "[lock] waiting for" in result.out
     assert builder.tools_called() == ["convert", "trtllm-build", "trtexec", "trtexec"]
 
 
-def test_an_engine_finished_by_the_lock_holder_is_reused(builder: Builder, tmp_path: Path) -> None:
+def test_an_engine_finished_by_the_lock_holder_is_reused(
+    builder: Builder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Build the same key elsewhere first, to play the part of the other builder's result.
     elsewhere = tmp_path / "elsewhere"
     assert builder.build(cache_dir=elsewhere).code == 0
     builder.reset_calls()
-    lock = _lock_path(builder)
-    acquired = threading.Event()
 
-    def other_builder() -> None:
-        with held(lock):
-            acquired.set()
-            time.sleep(1.0)
-            builder.cache.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(elsewhere / KEY, builder.cache / KEY)
+    def finish() -> None:  # the other builder's engine lands while this one waits
+        builder.cache.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(elsewhere / KEY, builder.cache / KEY)
 
-    thread = threading.Thread(target=other_builder)
-    thread.start()
-    acquired.wait()
+    waiting = lock_waits(monkeypatch, pipeline)
+    thread, saw_waiter = hold_until(_lock_path(builder), waiting, finish)
     result = builder.build()
     thread.join()
+    assert saw_waiter == [True]
     assert result.code == 0
     assert "already built (by another builder)" in result.out
     assert builder.calls() == []

@@ -5,8 +5,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ import pytest
 from cosyvoice_engine_builder import remove
 from cosyvoice_engine_builder.manifest import verify_engine_dir
 from tests.engine_builder.conftest import Builder, Result
-from tests.engine_builder.test_lock import held
+from tests.engine_builder.test_lock import held, hold_until, lock_waits
 
 # An operator content key (40 lowercase hex digits) and another one, whose files must stay.
 KEY = "0123456789abcdef0123456789abcdef01234567"
@@ -239,23 +237,17 @@ def test_a_builder_holding_the_key_keeps_its_engine(builder: Builder) -> None:
     assert "[lock] waiting for" in result.out
 
 
-def test_remove_waits_for_the_builder_then_removes(builder: Builder) -> None:
+def test_remove_waits_for_the_builder_then_removes(
+    builder: Builder, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = _built(builder)
-    acquired = threading.Event()
-
-    def other_builder() -> None:
-        with held(builder.cache / ".locks" / f"{KEY}.lock"):
-            acquired.set()
-            time.sleep(1.5)
-
-    thread = threading.Thread(target=other_builder)
-    thread.start()
-    acquired.wait()
-    started = time.monotonic()
+    waiting = lock_waits(monkeypatch, remove)
+    thread, saw_waiter = hold_until(builder.cache / ".locks" / f"{KEY}.lock", waiting)
     result = _remove(builder)
     thread.join()
+    assert saw_waiter == [True]  # the builder let go only once remove waited for it
     assert result.code == 0
-    assert time.monotonic() - started >= 1.0  # it did wait
+    assert "[lock] waiting for" in result.out
     assert not os.path.lexists(engine)
 
 
