@@ -45,7 +45,7 @@ from cosyvoice_engine_builder.serving.repository import (
     assemble_repository,
     plan_repository,
 )
-from cosyvoice_engine_builder.serving.supervisor import exit_code_of, reap_orphans
+from cosyvoice_engine_builder.serving.supervisor import exit_code_of
 from tests.engine_builder.conftest import (
     KEY,
     KEY2,
@@ -761,18 +761,41 @@ def test_both_entry_points_take_model_view_with_the_same_default() -> None:
         assert flagged.model_view == Path("/v")
 
 
+# Run in a process of its own (reap_orphans collects any exited child of its caller, which in
+# pytest's process could be another test's): made a child subreaper, as PID 1 in a container
+# is, it inherits a real orphan (a shell's background job, the shell gone) beside a child it
+# tracks; it waits until both have exited (waitid with WNOWAIT: still zombies) before reaping.
+REAP_SCRIPT = """
+import ctypes, json, os, subprocess, sys
+from cosyvoice_engine_builder.serving.supervisor import reap_orphans
+PR_SET_CHILD_SUBREAPER = 36
+assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+ours = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+shell = subprocess.run(
+    ["sh", "-c", "sleep 0 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+)
+orphan = int(shell.stdout)
+for pid in (ours.pid, orphan):
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+first = reap_orphans(known={ours.pid})
+ours_code = ours.wait(timeout=5)
+second = reap_orphans(known=set())
+print(json.dumps({"ours": ours.pid, "orphan": orphan, "first": first, "second": second,
+                  "ours_code": ours_code}))
+"""
+
+
 def test_orphans_are_reaped_and_our_children_are_left_alone() -> None:
-    ours = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-    # Stands for a process this one inherited: nothing tracks it.
-    orphan = subprocess.Popen([sys.executable, "-c", "pass"])
-    time.sleep(1.0)  # both have exited and are zombies now
-    reaped = reap_orphans(known={ours.pid})
-    assert ours.pid not in reaped
+    done = subprocess.run(
+        [sys.executable, "-c", REAP_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["ours"] not in got["first"]
     # Our child's exit status was left for its owner to collect.
-    assert ours.wait(timeout=5) == 3
-    reaped += reap_orphans(known=set())
-    assert reaped == [orphan.pid]
-    orphan.wait(timeout=5)  # already collected: subprocess copes
+    assert got["ours_code"] == 3
+    # The orphan is reaped, once, by one of the two calls.
+    assert sorted(got["first"] + got["second"]) == [got["orphan"]]
 
 
 @pytest.mark.parametrize(("returncode", "code"), [(0, 0), (5, 5), (-15, 143), (-9, 137)])
