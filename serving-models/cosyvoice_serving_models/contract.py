@@ -28,6 +28,7 @@ READS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
                 "dynamic_chunk_strategy",
                 "llm_api_base",
                 "llm_api_bases",
+                "llm_model_name",
             }
         ),
         frozenset({"token_hop_len", "default_speaker"}),

@@ -136,10 +136,21 @@ def test_two_pods_are_served_scraped_and_loaded_and_one_goes(tmp_path: Path) -> 
             assert sorted(per_server) == sorted(servers.grpc_urls())
             assert min(per_server.values()) >= 5, per_server
             assert servers.llm is not None and sum(servers.llm.requests_per_server()) >= 16
-            # Our orchestrator's requests: no model name (trtllm-serve's own), max_tokens 20
-            # per token of the target text (the tiny release's tokenizer: one per byte).
+            # Our orchestrator's requests, as trtllm-serve's schema takes them (the stand-in
+            # refuses any other with 400, none was): the served model name the operator
+            # rendered (the engine directory's basename), upstream's instruction before the
+            # reference text, max_tokens 20 per token of the target text (the tiny
+            # release's tokenizer: one per byte).
+            assert all(server.refused == [] for server in servers.llm.servers)
             bodies = [body for server in servers.llm.servers for body in server.requests]
-            assert all("model" not in body for body in bodies)
+            assert {body["model"] for body in bodies} == {"llm"}
+            assert all(
+                body["messages"][0]["content"].startswith(
+                    "You are a helpful assistant.<|endofprompt|>"
+                )
+                and body["messages"][0]["content"].endswith(DEFAULT_TEXT)
+                for body in bodies
+            )
             assert {body["max_tokens"] for body in bodies} == {20 * len(DEFAULT_TEXT.encode())}
 
             def both_pods_counted_successes() -> bool:

@@ -95,3 +95,19 @@ def test_trtllm_serve_gets_backend_tensorrt_from_1_0(built_with: str | None, fla
     if has:
         assert argv[argv.index("--backend") + 1] == "tensorrt"
     assert argv[argv.index("--host") + 1] == triton.LLM_HOST
+
+
+def test_the_rendered_llm_model_name_is_the_basename_trtllm_serve_is_started_on() -> None:
+    """The orchestrator names the model trtllm-serve serves (its chat request schema requires
+    ``model``): the operator renders ``llm_model_name``; trtllm-serve answers under the
+    basename of the engine directory it is started on (TensorRT-LLM's ``OpenAIServer`` takes
+    ``Path(model).name`` for a directory), which is the manifest's llmEngineDir."""
+    manifest: dict[str, Any] = {
+        "tensorParallelSize": 1,
+        "maxBatchSize": 16,
+        "layout": {"llmEngineDir": triton.ENGINE_LLM_DIR},
+    }
+    argv = launch.trtllm_serve_argv(options(), manifest, 8010, {"MPIRUN": ""})
+    served = Path(argv[argv.index("serve") + 1])
+    rendered = triton.llm_model_name(triton.engine_paths("/engines/k"))
+    assert served.name == rendered == "llm"

@@ -85,7 +85,8 @@ def _python(*always: str, sometimes: tuple[str, ...] = ()) -> ModelParameters:
 
 _TOKEN_HOP = "token_hop_len"
 _SPEAKER = "default_speaker"
-_LLM_URLS = ("llm_api_base", "llm_api_bases")
+# The LLM servers' URLs and the model name they serve (CosyVoice3's trtllm-serve).
+_LLM_SERVERS = ("llm_api_base", "llm_api_bases", "llm_model_name")
 
 MODEL_PARAMETERS: dict[str, dict[str, ModelParameters]] = {
     "cosyvoice2": {
@@ -119,7 +120,7 @@ MODEL_PARAMETERS: dict[str, dict[str, ModelParameters]] = {
             "model_dir",
             "llm_tokenizer_dir",
             "dynamic_chunk_strategy",
-            *_LLM_URLS,
+            *_LLM_SERVERS,
             sometimes=(_TOKEN_HOP, _SPEAKER),
         ),
         "token2wav": _python("model_dir", *_PLANS),

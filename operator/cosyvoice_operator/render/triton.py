@@ -17,6 +17,7 @@ is ``render/pbtxt.py``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from cosyvoice_operator.api.spec import (
     UPSTREAM_FIRST_CHUNK_TOKENS,
@@ -144,6 +145,14 @@ def llm_ports(svc: ServiceSpec) -> list[int]:
 def llm_urls(svc: ServiceSpec) -> list[str]:
     """The chat-completions URL of each LLM server, in group order."""
     return [f"http://{LLM_HOST}:{port}{LLM_CHAT_PATH}" for port in llm_ports(svc)]
+
+
+def llm_model_name(paths: EnginePaths) -> str:
+    """The model name trtllm-serve answers under: the basename of the engine directory it is
+    started on (cosyvoice-serve starts it on ``<engine>/llm``; TensorRT-LLM's ``OpenAIServer``
+    takes ``Path(model).name`` when the path is a directory). Its chat request schema
+    (``ChatCompletionRequest``) requires the field; the server does not compare the value."""
+    return PurePosixPath(paths.llm).name
 
 
 def orchestrator_instances(svc: ServiceSpec) -> int:
@@ -338,6 +347,7 @@ def _orchestrator(svc: ServiceSpec, paths: EnginePaths) -> dict[str, Value]:
         urls = llm_urls(svc)
         params["llm_api_base"] = urls[0]
         params["llm_api_bases"] = ",".join(urls)
+        params["llm_model_name"] = llm_model_name(paths)
     queue = svc.serving.queue_policy
     # Per-priority policies need priority levels on the queue clients wait in; without them
     # the orchestrator keeps upstream's single level.

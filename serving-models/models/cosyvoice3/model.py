@@ -11,6 +11,9 @@ audio (``default_speaker``), the chunk schedule from ``token_hop_len`` and
   (``llm_api_bases``; ``llm_api_base`` alone when there is one); each stream goes to the
   group with the fewest streams in flight (``llm_groups.LeastLoaded``),
   never through a proxy (the servers are in the pod);
+- each request names the served model (``llm_model_name``) and carries upstream's
+  instruction before the reference text (``cosyvoice3_prompt``: what trtllm-serve's schema
+  and CosyVoice3's LLM require);
 - ``max_tokens`` is 20 speech tokens per token of the target text (upstream's
   ``max_token_text_ratio``), at most 750, counted with the LLM's tokenizer
   (``llm_tokenizer_dir``);
@@ -36,7 +39,7 @@ for _path in reversed(os.environ.get("COSYVOICE_MODELS_PATH", "").split(":")):
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]  # noqa: E402
 
-from cosyvoice_serving_models import contract, features  # noqa: E402
+from cosyvoice_serving_models import contract, cosyvoice3_prompt, features  # noqa: E402
 from cosyvoice_serving_models.chunking import LOOKAHEAD_TOKENS, Chunking  # noqa: E402
 from cosyvoice_serving_models.llm_groups import LeastLoaded  # noqa: E402
 from cosyvoice_serving_models.orchestration import OneStreamAtATime  # noqa: E402
@@ -68,6 +71,9 @@ class TritonPythonModel(OneStreamAtATime):
         if urls[0] != first:
             raise ValueError(f"llm_api_base {first} is not the first of llm_api_bases {urls}")
         self.groups = LeastLoaded(urls, args.get("model_repository", ""))
+        # The name trtllm-serve serves (its engine directory's basename): its request schema
+        # requires ``model`` (cosyvoice3_prompt says why).
+        self.llm_model = contract.parameter(params, MODEL, "llm_model_name")
         self.http = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         self.chunks = Chunking(
             first=int(contract.parameter(params, MODEL, "token_hop_len", "15")),
@@ -106,21 +112,15 @@ class TritonPythonModel(OneStreamAtATime):
         return tokens, embedding
 
     def _llm(self, url: str, reference: str, target: str, prompt_tokens: Any) -> Iterator[int]:
-        prompt = "".join(f"<|s_{int(t)}|>" for t in prompt_tokens.reshape(-1))
         text_tokens = len(self.tokenizer.encode(target).ids)
-        body = {
-            "messages": [
-                {"role": "user", "content": reference + target},
-                {"role": "assistant", "content": prompt},
-            ],
-            "max_tokens": max(1, min(MAX_TOKENS, TOKENS_PER_TEXT_TOKEN * text_tokens)),
-            "temperature": 0.8,
-            "top_p": 0.95,
-            "top_k": 50,
-            "repetition_penalty": 1.1,
-            "stop": ["<|eos1|>", "<|eos|>"],
-            "stream": self.decoupled,
-        }
+        body = cosyvoice3_prompt.chat_body(
+            self.llm_model,
+            reference,
+            target,
+            prompt_tokens.reshape(-1),
+            max(1, min(MAX_TOKENS, TOKENS_PER_TEXT_TOKEN * text_tokens)),
+            self.decoupled,
+        )
         call = urllib.request.Request(
             url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
         )

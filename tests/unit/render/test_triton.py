@@ -305,7 +305,10 @@ def test_llm_ports_and_urls(gpus: int, tp: int, ports: list[int]) -> None:
     p = params(rendered(cv3)["cosyvoice3"])
     assert p["llm_api_base"] == urls[0]  # upstream's key: the first group
     assert p["llm_api_bases"].split(",") == urls
-    assert "llm_api_base" not in params(rendered(svc_of("cosyvoice2", **sections))["cosyvoice2"])
+    # The name each trtllm-serve answers under: its engine directory's basename.
+    assert p["llm_model_name"] == triton.ENGINE_LLM_DIR == "llm"
+    cv2 = params(rendered(svc_of("cosyvoice2", **sections))["cosyvoice2"])
+    assert "llm_api_base" not in cv2 and "llm_model_name" not in cv2
 
 
 # ---- batching ----------------------------------------------------------------------------

@@ -341,48 +341,155 @@ MIN_TOKENS = 20
 TOKENS_PER_EVENT = 3
 EVENT_SECONDS = 0.002
 
+# What trtllm-serve's chat-completions endpoint accepts, as TensorRT-LLM declares it in
+# tensorrt_llm/serve/openai_protocol.py: ``class ChatCompletionRequest(OpenAIBaseModel)``,
+# where ``OpenAIBaseModel`` has ``model_config = ConfigDict(extra="forbid",
+# populate_by_name=True)``; ``messages`` and ``model`` have no default (required); every other
+# field below is optional; ``max_completion_tokens`` has ``validation_alias='max_tokens'``
+# (both names accepted with populate_by_name). Read in the code index of public sources: the
+# release tag v0.20.0 (NVIDIA/TensorRT-LLM 7965842954628b0b5456a2f7d59786d3dcd41647, the
+# commit triton-inference-server/tensorrtllm_backend v0.20.0 pins as its submodule) is not
+# stored there, so the field list is that of the oldest stored version found (code-index
+# file 2541217336, 24,359 characters: no reasoning_effort, cache_salt or agent_hierarchy,
+# which later versions add); the required fields and extra="forbid" are the same in every
+# stored version read (NVIDIA/TensorRT-LLM 0076e939, forks at 1a8bf5f, 5382fd3, 28d536f,
+# 20ad93a, 04ee342). FastAPI turns a body the model refuses into a RequestValidationError,
+# and trtllm-serve's ``OpenAIServer`` installs its own handler for it: HTTP 400 with
+# ``{"error": str(exc)}`` (tensorrt_llm/serve/openai_server.py, NVIDIA/TensorRT-LLM 0005772
+# and a fork at 280e525; FastAPI's default would be 422).
+CHAT_REQUIRED = ("messages", "model")
+CHAT_OPTIONAL = frozenset(
+    {
+        "prompt_token_ids",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "max_tokens",
+        "max_completion_tokens",
+        "n",
+        "presence_penalty",
+        "response_format",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "temperature",
+        "top_p",
+        "tools",
+        "tool_choice",
+        "user",
+        # doc: chat-completion-sampling-params
+        "best_of",
+        "use_beam_search",
+        "top_k",
+        "top_p_min",
+        "min_p",
+        "repetition_penalty",
+        "length_penalty",
+        "early_stopping",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "ignore_eos",
+        "min_tokens",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "truncate_prompt_tokens",
+        "lora_request",
+        # doc: chat-completion-extra-params
+        "echo",
+        "add_generation_prompt",
+        "add_special_tokens",
+        "documents",
+        "chat_template",
+        "chat_template_kwargs",
+        "disaggregated_params",
+    }
+)
+VALIDATION_STATUS = 400
+# CosyVoice3's LLM needs <|endofprompt|> in its text (upstream's cosyvoice/llm/llm.py asserts
+# token 151646; its Triton orchestrator prepends 'You are a helpful assistant.<|endofprompt|>'
+# to a reference text without it). trtllm-serve itself would run such a prompt: the stand-in
+# refuses it (with the same 400) so that no test passes on a prompt outside the LLM's format.
+END_OF_PROMPT = "<|endofprompt|>"
+
+
+def chat_request_problems(body: object, cosyvoice3: bool = True) -> list[str]:
+    """Why trtllm-serve (TensorRT-LLM 0.20's ``ChatCompletionRequest``) would refuse this
+    chat-completions body, or, with ``cosyvoice3``, why CosyVoice3's LLM could not take its
+    prompt; empty when it is accepted."""
+    if not isinstance(body, dict):
+        return ["the body is not a JSON object"]
+    problems = [f"{name}: Field required" for name in CHAT_REQUIRED if name not in body]
+    known = frozenset(CHAT_REQUIRED) | CHAT_OPTIONAL
+    problems += [f"{name}: Extra inputs are not permitted" for name in body if name not in known]
+    if "max_tokens" in body and "max_completion_tokens" in body:
+        problems.append("max_tokens and max_completion_tokens: one field, given twice")
+    if "model" in body and not isinstance(body["model"], str):
+        problems.append("model: Input should be a valid string")
+    messages = body.get("messages")
+    if "messages" in body and not (
+        isinstance(messages, list)
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
+    ):
+        problems.append("messages: Input should be a list of messages, each with a role")
+    if body.get("stream_options") is not None and not body.get("stream"):
+        problems.append("stream_options can only be set if stream is true")
+    if problems or not cosyvoice3:
+        return problems
+    user = [m for m in messages if m["role"] == "user"] if isinstance(messages, list) else []
+    if not user or END_OF_PROMPT not in str(user[0].get("content", "")):
+        problems.append(
+            f"CosyVoice3: the user message lacks {END_OF_PROMPT} (upstream's LLM asserts "
+            "token 151646 in the text)"
+        )
+    return problems
+
 
 def speech_token_count(user_text: str, max_tokens: int) -> int:
-    """How many speech tokens the stand-in LLM answers for a prompt text."""
-    return min(max_tokens, max(MIN_TOKENS, TOKENS_PER_CHARACTER * len(user_text)))
+    """How many speech tokens the stand-in LLM answers for a prompt text (the text after its
+    instruction: the reference and target texts)."""
+    spoken = user_text.rsplit(END_OF_PROMPT, 1)[-1]
+    return min(max_tokens, max(MIN_TOKENS, TOKENS_PER_CHARACTER * len(spoken)))
 
 
 class _ChatHandler(http.server.BaseHTTPRequestHandler):
     server: _ChatServer
 
+    def _answer(self, status: int, payload: object) -> None:
+        answer = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
     def do_POST(self) -> None:
         if self.path != "/v1/chat/completions":
             self.send_error(404)
             return
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-        self.server.record(body)
-        wanted = self.server.served_model
-        if wanted and body.get("model") != wanted:
-            # As vLLM answers a chat completion for a model it does not serve.
-            answer = json.dumps(
-                {"object": "error", "message": f"The model `{body.get('model')}` does not exist."}
-            ).encode()
-            self.send_response(404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
+        raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        try:
+            body = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            self.server.refuse(raw.decode("utf-8", "replace"))
+            self._answer(VALIDATION_STATUS, {"error": f"JSON decode error: {exc}"})
             return
-        count = speech_token_count(body["messages"][0]["content"], int(body["max_tokens"]))
+        problems = chat_request_problems(body, self.server.cosyvoice3)
+        if problems:
+            # As trtllm-serve's RequestValidationError handler answers (see CHAT_REQUIRED).
+            self.server.refuse(body)
+            head = f"{len(problems)} validation errors for ChatCompletionRequest\n"
+            self._answer(VALIDATION_STATUS, {"error": head + "\n".join(problems)})
+            return
+        self.server.record(body)
+        user = next(m for m in body["messages"] if m["role"] == "user")
+        limit = body.get("max_tokens", body.get("max_completion_tokens"))
+        count = speech_token_count(str(user.get("content", "")), int(limit or MIN_TOKENS))
         tokens = [f"<|s_{i}|>" for i in range(count)]
         if not body.get("stream"):
-            answer = json.dumps(
-                {
-                    "choices": [
-                        {"index": 0, "message": {"role": "assistant", "content": "".join(tokens)}}
-                    ]
-                }
-            ).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
+            reply = {"role": "assistant", "content": "".join(tokens)}
+            self._answer(200, {"choices": [{"index": 0, "message": reply}]})
             return
         # Server-sent events, as trtllm-serve streams them; the connection ends the stream.
         self.send_response(200)
@@ -406,14 +513,15 @@ class _ChatServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(
-        self, port: int, event_seconds: float, served_model: str, stream_seconds: float
+        self, port: int, event_seconds: float, stream_seconds: float, cosyvoice3: bool
     ) -> None:
         super().__init__(("127.0.0.1", port), _ChatHandler)
         self.requests: list[dict[str, Any]] = []
+        self.refused: list[object] = []
         self.lock = threading.Lock()
         self.event_seconds = event_seconds
         self.stream_seconds = stream_seconds
-        self.served_model = served_model
+        self.cosyvoice3 = cosyvoice3
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away mid-stream (its Triton stopped: a pod removed, the demo
@@ -426,9 +534,13 @@ class _ChatServer(http.server.ThreadingHTTPServer):
         with self.lock:
             self.requests.append(body)
 
+    def refuse(self, body: object) -> None:
+        with self.lock:
+            self.refused.append(body)
+
 
 class LlmStandIn:
-    """One stand-in trtllm-serve (or vLLM server) per rendered LLM URL, each on a free port.
+    """One stand-in trtllm-serve per rendered LLM URL, each on a free port.
 
     ``remap`` maps each rendered URL (``http://localhost:8010/...``) to its stand-in; the
     tritonserver environment hands it to the orchestrator stand-in
@@ -440,17 +552,21 @@ class LlmStandIn:
         self,
         urls: list[str],
         event_seconds: float = EVENT_SECONDS,
-        served_model: str = "",
         stream_seconds: float = 0.0,
+        cosyvoice3: bool = True,
     ) -> None:
         """``event_seconds``: the pause before each streamed event of 3 tokens (the LLM's
         speed); ``stream_seconds`` (when > 0): instead, each streamed answer takes this long
         in all, spread evenly over its events (the closed loop's service time when the
-        project's orchestrator runs); ``served_model``: answer only requests for this model
-        name, as vLLM does (empty: any name, as trtllm-serve)."""
+        project's orchestrator runs). Every body is validated as trtllm-serve validates it
+        (:func:`chat_request_problems`: 400 for a missing ``model`` or ``messages`` or an
+        unknown field) and, with ``cosyvoice3``, refused when its user message lacks
+        ``<|endofprompt|>``; accepted bodies are in each server's ``requests``, refused ones
+        in its ``refused``. trtllm-serve does not compare ``model`` with the name it serves,
+        and neither does the stand-in."""
         self.urls = urls
         self.servers = [
-            _ChatServer(port, event_seconds, served_model, stream_seconds)
+            _ChatServer(port, event_seconds, stream_seconds, cosyvoice3)
             for port in free_ports(len(urls))
         ]
         self.threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in self.servers]

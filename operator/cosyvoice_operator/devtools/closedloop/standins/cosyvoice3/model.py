@@ -43,6 +43,10 @@ MAX_TOKENS = 750
 MEL_BINS = 80
 SPEECH_TOKEN = re.compile(r"<\|s_(\d+)\|>")
 LLM_TIMEOUT_SECONDS = 30
+# Upstream's instruction (ace7c47 model_repo_cosyvoice3/cosyvoice3/1/model.py:260-261),
+# prepended to a reference text without <|endofprompt|>, as our orchestrator does.
+END_OF_PROMPT = "<|endofprompt|>"
+INSTRUCTION = "You are a helpful assistant." + END_OF_PROMPT
 
 
 def host_array(tensor: Any) -> Any:
@@ -130,9 +134,8 @@ class TritonPythonModel:
         self.pace = Pace()
         self.streams = Streams(args)
         self.chunks = Chunking(config)
-        # vLLM answers only for the name it serves (llm_served_model_name, rendered with
-        # spec.model.llmRuntime vllm); trtllm-serve takes any.
-        self.model_name = params.get("llm_served_model_name", "cosyvoice")
+        # trtllm-serve's request schema requires a model name: the one it serves, rendered.
+        self.model_name = params["llm_model_name"]
 
     def _call(self, model: str, inputs: dict[str, Any], output: str, **kw: Any) -> Any:
         response = pb_utils.InferenceRequest(
@@ -171,6 +174,8 @@ class TritonPythonModel:
     def _llm(self, text: str, prompt_tokens: Any) -> Iterator[int]:
         """Speech tokens from trtllm-serve, as they arrive."""
         prompt = "".join(f"<|s_{int(t)}|>" for t in prompt_tokens.reshape(-1))
+        if END_OF_PROMPT not in text:
+            text = INSTRUCTION + text
         body = {
             "model": self.model_name,
             "messages": [
