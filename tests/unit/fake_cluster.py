@@ -41,15 +41,22 @@ class FakeCluster:
         self.events: list[tuple[str, str, str]] = []  # (object name, type, reason)
         self.refuse: dict[str, KubeError] = {}  # object name -> the error its write gets
         self.caches: Caches | None = None
-        self.watching = True  # False: writes land, the caches do not hear of them yet
+        # False: changes land, the caches hear of them only at catch_up() (a watch behind).
+        self.watching = True
+        # True: the operator's own writes come back only at catch_up(), while other clients'
+        # changes come at once (one informer's watch behind another's).
+        self.echoes_lag = False
+        self.backlog: list[tuple[str, str, dict[str, Any]]] = []  # (kind, event, object)
+        self.held = 0  # how many changes were held back (delivered late)
         self.yields = False  # True: every write lets other tasks run first (a round trip)
         self._version = itertools.count(100)
         self._uid = itertools.count(1)
 
     # ---- the API server's side ----------------------------------------------------------
 
-    def put(self, obj: Mapping[str, Any], kind: str = "") -> dict[str, Any]:
-        """Store an object (as another client would) and tell the caches."""
+    def put(self, obj: Mapping[str, Any], kind: str = "", own: bool = False) -> dict[str, Any]:
+        """Store an object (as another client would; `own`: as the operator's write) and tell
+        the caches."""
         stored = copy.deepcopy(dict(obj))
         meta = stored.setdefault("metadata", {})
         meta.setdefault("namespace", "ml")
@@ -58,7 +65,7 @@ class FakeCluster:
         ref = (kind or str(stored.get("kind")), str(meta["namespace"]), str(meta["name"]))
         existed = ref in self.objects
         self.objects[ref] = stored
-        self._tell(ref[0], "MODIFIED" if existed else "ADDED", stored)
+        self._tell(ref[0], "MODIFIED" if existed else "ADDED", stored, own)
         return stored
 
     def get(self, kind: str, name: str, namespace: str = "ml") -> dict[str, Any]:
@@ -69,9 +76,24 @@ class FakeCluster:
         for (kind, _, _), obj in list(self.objects.items()):
             self._tell(kind, "MODIFIED", obj)
 
-    def _tell(self, kind: str, event: str, obj: dict[str, Any]) -> None:
-        if self.caches is None or not self.watching:
+    def catch_up(self, count: int | None = None) -> None:
+        """Deliver, in order, the changes held back (the first `count` of them)."""
+        count = len(self.backlog) if count is None else count
+        held, self.backlog = self.backlog[:count], self.backlog[count:]
+        for kind, event, obj in held:
+            self._deliver(kind, event, obj)
+
+    def _tell(self, kind: str, event: str, obj: dict[str, Any], own: bool = False) -> None:
+        if self.caches is None:
             return
+        if not self.watching or (own and self.echoes_lag):
+            self.backlog.append((kind, event, copy.deepcopy(obj)))
+            self.held += 1
+            return
+        self._deliver(kind, event, obj)
+
+    def _deliver(self, kind: str, event: str, obj: dict[str, Any]) -> None:
+        assert self.caches is not None
         cache = self._cache_of(kind)
         if cache is not None:
             cache.deliver({"type": event, "object": copy.deepcopy(obj)})
@@ -113,11 +135,11 @@ class FakeCluster:
         self._count("POST", str(body["kind"]), str(meta["name"]))
         if (str(body["kind"]), str(meta["namespace"]), str(meta["name"])) in self.objects:
             return None
-        return copy.deepcopy(self.put(body))
+        return copy.deepcopy(self.put(body, own=True))
 
     async def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self._count("PATCH", str(body["kind"]), str(body["metadata"]["name"]))
-        return copy.deepcopy(self.put(body))
+        return copy.deepcopy(self.put(body, own=True))
 
     async def delete(self, kind: Kind, namespace: str, name: str, uid: str) -> bool:
         ref = self._find(kind, namespace, name)
@@ -125,7 +147,7 @@ class FakeCluster:
         if ref is None or self.objects[ref]["metadata"]["uid"] != uid:
             return False
         gone = self.objects.pop(ref)
-        self._tell(ref[0], "DELETED", gone)
+        self._tell(ref[0], "DELETED", gone, own=True)
         return True
 
     async def merge_patch_object(
@@ -147,7 +169,7 @@ class FakeCluster:
         if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
             return None  # 409 Conflict
         changed = merge(copy.deepcopy(current), {k: v for k, v in patch.items() if k != "metadata"})
-        return copy.deepcopy(self.put(changed, ref[0]))
+        return copy.deepcopy(self.put(changed, ref[0], own=True))
 
     async def merge_patch(
         self,

@@ -1,6 +1,13 @@
 """Drives one service through its whole life against the in-memory API server: the loop's
 passes, and what the Job controller, the scheduler, the kubelet and the Deployment controller
-would do in between. For counting what the operator writes at each stage."""
+would do in between. For counting what the operator writes at each stage.
+
+The loop's clock is fixed (`now`: by default 3 s after the build pod started, a build as
+short as kwok's; a real build runs for minutes). With a `lagging` watch, the operator's own
+writes come back to the caches one pass late: after the pass that follows them has ended,
+and other clients' changes (the build pod's, the Job's) overtake them, as happens when one
+informer's watch is behind another's. (The pass that wrote them keeps its copy at once,
+through Cache.wrote, as in production.)"""
 
 from __future__ import annotations
 
@@ -19,9 +26,10 @@ from .fake_cluster import FakeCluster
 from .objects import node
 
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
-TS = "2026-12-03T12:00:00Z"
-# The loop's clock: 3 s after the build pods started (a build as short as kwok's).
-NOW = dt.datetime(2026, 12, 3, 12, 0, 3, tzinfo=dt.UTC)
+STARTED = dt.datetime(2026, 12, 3, 12, 0, 0, tzinfo=dt.UTC)  # when the build pod started
+TS = STARTED.strftime("%Y-%m-%dT%H:%M:%SZ")
+# The loop's clock by default: 3 s after the build pods started (a build as short as kwok's).
+NOW = STARTED + dt.timedelta(seconds=3)
 
 
 def service_body(name: str) -> dict[str, Any]:
@@ -42,29 +50,41 @@ def service_body(name: str) -> dict[str, Any]:
 
 
 class Driver:
-    def __init__(self) -> None:
+    def __init__(self, now: dt.datetime = NOW, lagging: bool = False) -> None:
         self.cluster = FakeCluster()
+        self.now = now
         settings = Settings(Policy(), cleanup.CleanupSettings())
-        self.loop = Controller(cast(Kube, self.cluster), ("ml",), settings, lambda: NOW)
+        self.loop = Controller(cast(Kube, self.cluster), ("ml",), settings, lambda: self.now)
         self.cluster.caches = self.loop.caches
+        self.cluster.echoes_lag = self.lagging = lagging
+        self.statuses: dict[str, dict[str, Any]] = {}  # build(): the status after each stage
         self.cluster.put(node("gpu-0", PRODUCT), "Node")
         self.cluster.put(
             {"kind": "PersistentVolumeClaim", "metadata": {"name": "cosyvoice-engines"}}
         )
 
     async def settle(self) -> None:
-        """Every pass that is due now, until none is (a Backoff is retried at once)."""
+        """Every pass that is due now, until none is (a Backoff is retried at once). A lagging
+        watch delivers the operator's writes after the next pass has ended (the next call's,
+        when this one has no pass left), or when no pass is due that could overtake them."""
         queue = self.loop.queue
+        ran = False
         for _ in range(1000):
             key = queue.take_nowait()
             if key is None:
-                return
+                if ran or not self.cluster.backlog:
+                    return
+                self.cluster.catch_up()  # nothing overtakes them: the watch catches up
+                continue
+            ran = True
+            earlier = len(self.cluster.backlog)
             try:
                 await self.loop.process(key)
             except Backoff:
                 queue.add(key)
             finally:
                 queue.done(key)
+                self.cluster.catch_up(earlier)
         raise AssertionError("the loop does not settle")
 
     async def cleanup(self) -> None:
@@ -147,6 +167,7 @@ class Driver:
             nonlocal seen
             stages[stage] = self.writes() - seen
             seen = self.writes()
+            self.statuses[stage] = self.status(name)
 
         self.cluster.put(service_body(name))
         await self.settle()

@@ -126,6 +126,10 @@ class Informer:
         self.errors = 0
         self.last_error = ""
         self._resume: str | None = None  # the resourceVersion to watch from; None: list
+        # Objects written through (Cache.wrote) whose own watch event has not come yet: key ->
+        # the version written. The watch is in order, so until that event comes, any other
+        # event of the object is older than what the store holds (see _apply).
+        self._ahead: dict[Key, str] = {}
 
     @property
     def name(self) -> str:
@@ -166,6 +170,7 @@ class Informer:
                 break
             query = {**query, "continue": token}
         self.lists += 1
+        self._ahead.clear()
         old_store, self.store = self.store, fresh
         for key, obj in fresh.items():
             before = old_store.get(key)
@@ -176,8 +181,9 @@ class Informer:
                 self._emit(before, None)
         return version
 
-    def _apply(self, event: Mapping[str, Any]) -> str | None:
-        """Apply one watch event; the resourceVersion to resume from, or None to relist."""
+    def _apply(self, event: Mapping[str, Any], written: bool = False) -> str | None:
+        """Apply one watch event (`written`: a copy written through, from Cache.wrote); the
+        resourceVersion to resume from, or None to relist."""
         kind = event.get("type")
         raw = event.get("object") or {}
         if kind == "ERROR":
@@ -197,6 +203,11 @@ class Informer:
         obj = self.transform(dict(raw))
         key = key_of(obj)
         before = self.store.get(key)
+        ahead = None if written else self._ahead.get(key)
+        if ahead is not None:
+            if kind != "DELETED" and version != ahead:
+                return version  # older than the copy written through: the store keeps that
+            del self._ahead[key]  # the write's own event (or the object's end): caught up
         if kind == "DELETED":
             if before is not None:
                 del self.store[key]
@@ -302,7 +313,11 @@ class Cache:
         not handed on again), so that the next pass plans on what was written, not on the
         copy before it. Only over the copy the write started from (`previous`: its
         resourceVersion, None when there was none): a newer one the watch brought meanwhile
-        is kept. Objects outside the informer's label selector are not kept at all."""
+        is kept. Until the write's own watch event comes, the watch's other events of the
+        object are older (the watch is in order: earlier writes' events still on their way)
+        and are not stored: the store would go back to a copy the API server has moved on
+        from, and a pass planned on it would write again, or conflict. Objects outside the
+        informer's label selector are not kept at all."""
         meta = obj.get("metadata") or {}
         namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
         for inf in self.informers:
@@ -312,7 +327,10 @@ class Cache:
                 return
             before = inf.get(namespace if inf.kind.namespaced else "", name)
             if (None if before is None else _version(before)) == previous:
-                inf._apply({"type": "MODIFIED" if before else "ADDED", "object": dict(obj)})
+                event = {"type": "MODIFIED" if before else "ADDED", "object": dict(obj)}
+                inf._apply(event, written=True)
+                if _version(obj) and _version(obj) != previous:  # else no event will come
+                    inf._ahead[(namespace if inf.kind.namespaced else "", name)] = _version(obj)
             return
 
     def deliver(self, event: Mapping[str, Any]) -> None:

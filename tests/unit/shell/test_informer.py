@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import pytest
 
-from cosyvoice_operator.shell.informer import Informer, Refusals
+from cosyvoice_operator.shell.informer import Cache, Informer, Refusals
 from cosyvoice_operator.shell.kube import CONFIG_MAPS, Kube, KubeError
 
 NS = "voices"
@@ -284,3 +284,40 @@ def test_refused_reads_are_one_line_per_backoff_step_for_every_informer(
     assert "rbac.create=true" in warnings[0]
     infos = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
     assert infos == ["the API server grants the operator's reads again"]
+
+
+def test_events_older_than_a_copy_written_through_leave_the_store_as_written() -> None:
+    """Cache.wrote stores what the operator wrote before its watch event comes; the events
+    of its earlier writes, still on their way, must not take the store back (a pass would
+    plan on the older copy and write again, or conflict)."""
+    handed_on: list[str] = []
+    informer = Informer(
+        cast(Kube, None),
+        CONFIG_MAPS,
+        NS,
+        lambda old, new: handed_on.append(
+            str((new or {}).get("metadata", {}).get("resourceVersion"))
+        ),
+    )
+    cache = Cache([informer])
+
+    def stored() -> str:
+        found = informer.get(NS, "a")
+        assert found is not None
+        return str(found["metadata"]["resourceVersion"])
+
+    cache.deliver(event("ADDED", config_map("a", 1)))
+    cache.wrote(config_map("a", 2), "1")  # a write; its event on its way
+    cache.wrote(config_map("a", 3), "2")  # another, before the first one's event came
+    cache.deliver(event("MODIFIED", config_map("a", 2)))  # the first write's event, late
+    assert stored() == "3"
+    cache.deliver(event("MODIFIED", config_map("a", 3)))  # the second's: caught up
+    cache.deliver(event("MODIFIED", config_map("a", 4)))  # another client's change
+    assert stored() == "4"
+    assert handed_on == ["1", "2", "3", "4"]
+    # A write that changed nothing (same version) awaits no event: the next one is stored.
+    cache.wrote(config_map("a", 4), "4")
+    cache.deliver(event("MODIFIED", config_map("a", 5)))
+    assert stored() == "5"
+    cache.deliver(event("DELETED", config_map("a", 6)))
+    assert informer.get(NS, "a") is None
