@@ -82,14 +82,13 @@ class OneStreamAtATime:
         for request in requests:
             self.active.set(1)  # before the drain check: see admission.py
             try:
-                if admission.draining():
-                    raise pb_utils.TritonModelException(admission.DRAINING_ERROR)
+                admission.admit()
                 if self.decoupled:
                     self._stream(request)
                 else:
                     responses.append(self._offline(request))
             except Exception as exc:
-                error = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+                error = pb_utils.InferenceResponse(error=error_of(pb_utils, exc))
                 if self.decoupled:
                     request.get_response_sender().send(
                         error, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -99,3 +98,14 @@ class OneStreamAtATime:
             finally:
                 self.active.set(0)
         return None if self.decoupled else responses
+
+
+def error_of(pb_utils: Any, exc: Exception) -> Any:
+    """The ``TritonError`` a failed request answers: code UNAVAILABLE for a refusal while the
+    pod drains (gRPC status 14, HTTP 503: retry on another pod), the backend's default
+    (INTERNAL) for anything else. ``pb_utils`` is the stub's ``triton_python_backend_utils``,
+    whose ``TritonError`` takes a code (the pytriton wheel's r24.10 does, checked in the twin;
+    the serving image's Triton is newer)."""
+    if isinstance(exc, admission.Draining):
+        return pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE)
+    return pb_utils.TritonError(str(exc))

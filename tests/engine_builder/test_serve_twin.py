@@ -1,22 +1,33 @@
 """``cosyvoice-serve`` in front of the REAL tritonserver (the CPU twin's, from the pytriton wheel).
 
 The pod is as the operator renders it for a CosyVoice2 service (an engine of 4 sequences):
-its repository (``cpu_twin.to_cpu``), the twin's stand-in models as the image's model code,
-an engine the builder's pipeline built (the gate passes), and tritonserver reached through
-``TRITONSERVER``: a wrapper that adds only what the wheel's server needs on a CPU (its
-Python backend, loopback addresses). Nothing is faked between ``cosyvoice-serve`` and Triton.
+its repository (``cpu_twin.to_cpu``), the project's own orchestrator
+(``serving-models/models/cosyvoice2/model.py``, what the serving image ships) with the twin's
+stand-ins for the other models as the image's model code, an engine the builder's pipeline
+built (the gate passes), and tritonserver reached through ``TRITONSERVER``: a wrapper that
+adds only what the wheel's server needs on a CPU (its Python backend, loopback addresses).
+Nothing is faked between ``cosyvoice-serve`` and Triton, nor in the orchestrator: its drain
+check, its ``cosyvoice_active_streams`` gauge and its refusal are the ones a pod runs. Only
+its ``model_dir`` and ``llm_tokenizer_dir`` point at the tiny synthetic release's files
+(``cpu_twin.write_orchestrator_files``), as in the closed loop (``PodServers._use_ours``).
+
+A stream is held in flight by the stand-in LLM (``tensorrt_llm``): with
+``COSYVOICE_TWIN_LLM_HOLD_FILE`` set it sends every step but its last, so the orchestrator
+has its first chunks out, then waits for the file.
 
 Issue 19 item 6, a drain that drains: a stream mid-way when SIGTERM arrives completes, a
-stream started after it is refused, readiness answers 503 meanwhile, and Triton is stopped
-only once the orchestrators' ``cosyvoice_active_streams`` gauge is 0. Item 7, self-healing:
-a Python stub killed under a ready Triton makes ``/ready`` answer 503, and Triton restarted
-in place makes it 200 again. Every wait is for a state (a chunk received, the gauge, the
-readiness answer, a file), bounded; no sleep decides.
+stream started after it is refused with Triton's UNAVAILABLE (gRPC status 14, issue 31),
+readiness answers 503 meanwhile, and Triton is stopped only once the orchestrators'
+``cosyvoice_active_streams`` gauge is 0. Item 7, self-healing: our orchestrator's Python stub
+killed under a ready Triton makes ``/ready`` answer 503, and Triton restarted in place makes
+it 200 again. Every wait is for a state (a chunk received, the gauge, the readiness answer,
+a file), bounded; no sleep decides.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -33,13 +44,17 @@ from cosyvoice_operator.api import spec
 from cosyvoice_operator.devtools.closedloop import cpu_twin
 from cosyvoice_operator.render import triton
 from tests.engine_builder.test_serve import Pod, pod, running  # noqa: F401 (fixtures)
-from tests.triton_twin.test_serving_options import Flow
+from tests.triton_twin.test_serving_options import GRPC_STATUS_HEADERS, Flow
 
 ENGINE_DIR = "/engines/" + "e" * 40
 URI = "hf://FunAudioLLM/CosyVoice2-0.5B"
+ORCHESTRATOR = "cosyvoice2"
 # Long enough that the drain never runs out in this test: the stream ends it.
 DRAIN_SECONDS = 120
+# The start of the refusal's message (cosyvoice_serving_models.admission.DRAINING_ERROR).
 DRAINING_ERROR = "this pod is draining"
+# What the tritonclient reports for gRPC status 14, the code clients retry elsewhere on.
+UNAVAILABLE = "StatusCode.UNAVAILABLE"
 
 
 def wait_until(what: str, condition: Callable[[], bool], timeout: float = 90.0) -> None:
@@ -102,8 +117,8 @@ class Serving:
 
 
 def write_pod_repository(root: Path) -> tuple[Path, Path]:
-    """The rendered default CosyVoice2 repository (CPU twin) as the ConfigMap's files, and the
-    twin's stand-ins as the image's model code."""
+    """The rendered default CosyVoice2 repository (CPU twin) as the ConfigMap's files, and as
+    the image's model code our orchestrator and the twin's stand-ins for the rest."""
     # An engine of 4 sequences: 4 orchestrator instances (the default 16 only load slower).
     svc = spec.parse(
         {
@@ -113,12 +128,23 @@ def write_pod_repository(root: Path) -> tuple[Path, Path]:
         }
     )
     rendered = cpu_twin.to_cpu(triton.render_repository(svc, ENGINE_DIR))
+    release = cpu_twin.write_orchestrator_files("cosyvoice2", root / "release")
+    rendered[ORCHESTRATOR] = cpu_twin.with_parameters(
+        rendered[ORCHESTRATOR],
+        {"model_dir": str(release), "llm_tokenizer_dir": str(release / "llm")},
+    )
+    ours = cpu_twin.our_model_code(ORCHESTRATOR)
+    assert ours is not None, "this checkout has no serving-models/"
     config, code = root / "config", root / "code"
     config.mkdir(parents=True)
     for name, text in rendered.items():
         (config / f"{name}.pbtxt").write_text(text)
-        (code / "cosyvoice2" / name / "1").mkdir(parents=True)
-        cpu_twin.place_standin(name, code / "cosyvoice2" / name / "1")
+        version = code / "cosyvoice2" / name / "1"
+        version.mkdir(parents=True)
+        if name == ORCHESTRATOR:
+            shutil.copy(ours, version / "model.py")
+        else:
+            cpu_twin.place_standin(name, version)
     return config, code
 
 
@@ -160,13 +186,15 @@ def started_serving(
         exit_timeout_seconds=30,
         **overrides,
     )
-    # A stream, once its first audio is sent, goes on only when this file exists.
-    hold = work / "release"
+    # A stream's last LLM step, after its first chunks, waits until this file exists.
+    hold = work / "llm-release"
     process = pod.start(
         argv[1:],
         module="cosyvoice_engine_builder.serving",
         TRITONSERVER=str(write_tritonserver(work)),
-        COSYVOICE_TWIN_HOLD_FILE=str(hold),
+        COSYVOICE_TWIN_LLM_HOLD_FILE=str(hold),
+        # Where our orchestrator's stub finds its package (as the serving image sets it).
+        COSYVOICE_MODELS_PATH=str(cpu_twin.SERVING_MODELS),
     )
     running.append(process)
     server = Serving(pod, process, ports, hold)
@@ -183,7 +211,8 @@ def serving(pod: Pod, running: list[subprocess.Popen[str]]) -> Iterator[Serving]
         yield server
 
 
-# A held stream (COSYVOICE_TWIN_HOLD_FILE) is a stream whose stub hangs: alive, no progress.
+# A held stream (COSYVOICE_TWIN_LLM_HOLD_FILE) is a stream whose LLM call hangs: every stub
+# alive, no progress.
 STALL_SECONDS = 3
 
 
@@ -205,13 +234,20 @@ def test_sigterm_lets_the_stream_in_flight_finish_and_refuses_new_ones(serving: 
         drain_file = Path(f"{serving.pod.repository}.draining")
         wait_until("the drain file", drain_file.exists)
 
-        late = Flow(url, "cosyvoice2", "A stream that starts after SIGTERM.")
+        # Refused with UNAVAILABLE: a client that asks Triton for gRPC status codes on its
+        # stream gets status 14 and the stream closed; one that does not gets the message
+        # alone (Triton's streams carry no status without that header).
+        late = Flow(url, "cosyvoice2", "A stream after SIGTERM.", headers=GRPC_STATUS_HEADERS)
+        plain = Flow(url, "cosyvoice2", "Another stream after SIGTERM.")
         try:
-            assert late.done.wait(60)
-            assert late.errors and DRAINING_ERROR in late.errors[0], late.errors
-            assert not late.first_audio.is_set()
+            assert late.done.wait(60) and plain.done.wait(60)
+            assert late.statuses == [UNAVAILABLE], (late.statuses, late.errors)
+            assert DRAINING_ERROR in late.errors[0], late.errors
+            assert plain.statuses == [None] and DRAINING_ERROR in plain.errors[0], plain.errors
+            assert not late.first_audio.is_set() and not plain.first_audio.is_set()
         finally:
             late.close()
+            plain.close()
 
         # Triton still serves the stream that is playing: nothing was stopped.
         assert serving.process.poll() is None

@@ -83,19 +83,33 @@ def failures(text: str, model: str) -> float:
     return total
 
 
+# The gRPC metadata that makes Triton (>= 24.08) end a stream on its first error with the
+# error's gRPC status code; without it a stream's error is a message with no status.
+GRPC_STATUS_HEADERS = {"triton_grpc_error": "true"}
+
+
 class Flow:
     """One streaming request on a gRPC stream of its own, running in the background: when
-    its first audio came, when it ended, and how."""
+    its first audio came, when it ended, and how (``errors``, and each error's gRPC status
+    in ``statuses``: None unless the stream was started with ``GRPC_STATUS_HEADERS``)."""
 
-    def __init__(self, url: str, model: str, target: str, priority: int = 0) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        target: str,
+        priority: int = 0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.request_id = f"flow-{uuid.uuid4().hex[:8]}"
         self.first_audio = threading.Event()
         self.done = threading.Event()
         self.errors: list[str] = []
+        self.statuses: list[str | None] = []
         self.seconds = 0.0  # from sending to the end
         self._client = grpcclient.InferenceServerClient(url)
         self._started = time.monotonic()
-        self._client.start_stream(callback=self._on_response)
+        self._client.start_stream(callback=self._on_response, headers=headers)
         self._client.async_stream_infer(
             model,
             request_inputs(target),
@@ -107,6 +121,7 @@ class Flow:
     def _on_response(self, result: Any, error: Any) -> None:
         if error is not None:
             self.errors.append(str(error))
+            self.statuses.append(error.status())
         else:
             audio = result.as_numpy("waveform")
             if audio is not None and audio.size:

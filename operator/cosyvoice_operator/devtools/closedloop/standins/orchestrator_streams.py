@@ -54,9 +54,10 @@ class Draining(Exception):
 
 
 def error_response(exc: Exception) -> Any:
-    """The client's error; a refusal while draining is UNAVAILABLE (retry elsewhere) where the
-    backend has status codes."""
-    code = getattr(pb_utils.TritonError, "UNAVAILABLE", None)
-    if isinstance(exc, Draining) and code is not None:
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), code))
+    """The client's error: a refusal while draining is UNAVAILABLE (retry elsewhere), as the
+    project's orchestrators answer it (``orchestration.error_of``); anything else INTERNAL."""
+    if isinstance(exc, Draining):
+        return pb_utils.InferenceResponse(
+            error=pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE)
+        )
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))

@@ -11,6 +11,11 @@ It "generates" 3 speech tokens per text token of the prompt (at least 20, at mos
 ``request_output_len``): token i is ORIGINAL_VOCAB_SIZE + i, a few at a time: a step every
 2 ms, or, when ``COSYVOICE_TWIN_STREAM_SECONDS`` is set (the closed loop running the
 project's own orchestrator), its steps spread evenly over that many seconds.
+
+``COSYVOICE_TWIN_LLM_HOLD_FILE``: a streamed answer sends every step but its last, then waits
+until this file exists. The orchestrator in front has its first chunks out and its stream in
+flight for as long as a test needs (the drain and stall tests of ``cosyvoice-serve``, which
+run the project's own orchestrator, whose code has no hold of its own).
 """
 
 from __future__ import annotations
@@ -90,8 +95,11 @@ class TritonPythonModel:
             ]
             stream_seconds = float(os.environ.get("COSYVOICE_TWIN_STREAM_SECONDS") or 0)
             pause = stream_seconds / len(steps) if stream_seconds else STEP_SECONDS
+            hold = os.environ.get("COSYVOICE_TWIN_LLM_HOLD_FILE") or ""
             for i, step in enumerate(steps):
                 time.sleep(pause)
+                while hold and i == len(steps) - 1 and not os.path.exists(hold):
+                    time.sleep(0.01)
                 sender.send(outputs(step), flags=final if i == len(steps) - 1 else 0)
         except Exception as exc:  # reported to the caller as a response
             sender.send(
