@@ -1,4 +1,12 @@
-"""The simulator's per-replica service model against one real CPU Triton (issue 10).
+"""A self-check of the simulator's queueing code against a fixed-hold twin (issue 10).
+
+What it is, and is not: the twin's LLM stand-in streams every answer over the same fixed time
+whatever the concurrency (``cpu_twin``), and the simulator replays the very same arrival
+times through FIFO slots with that fixed hold. Agreement therefore shows that the simulator's
+queueing (slots, FIFO order, the first chunk's offset, the measured overheads) computes what
+a real Triton's queue in front of our orchestrator does with the same requests; it does not
+show that the per-replica model predicts a GPU pod (that takes GPU runs held out from the
+fit). Audit 2026-12-06, F2.
 
 One ``tritonserver`` (CosyVoice3's CPU twin, through :class:`PodServers`) is measured in
 three steps, with :class:`LoadGenerator`'s streaming gRPC requests:
@@ -9,7 +17,9 @@ three steps, with :class:`LoadGenerator`'s streaming gRPC requests:
 2. streams: many requests at once; completions per second times the time each takes gives
    the streams the pod serves concurrently (the orchestrator's instances);
 3. agreement: Poisson arrivals at a given rate; the same arrival times go through the
-   simulator's `Plant` with the measured model, and the first-audio p95 of both is compared.
+   simulator's `Plant` with the measured model, and the first-audio p95 of both is compared,
+   with the real p95's distribution-free 95 % confidence interval (order statistics,
+   :func:`quantile_interval`) for how far a p95 of that many requests can be trusted.
 
 The twin holds each request for a fixed time whatever its text, so its RTF is that hold over
 the audio its stand-ins produce for the text sent (CosyVoice3's rule: 3 speech tokens per
@@ -18,6 +28,7 @@ character of reference and target text, 25 tokens a second).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -26,7 +37,7 @@ from typing import Any
 
 from cosyvoice_operator.devtools.closedloop.harness import PodServers
 from cosyvoice_operator.devtools.closedloop.load import DEFAULT_TEXT, LoadGenerator, RequestRecord
-from cosyvoice_operator.devtools.sim.engine import quantile
+from cosyvoice_operator.devtools.sim.engine import percentile
 from cosyvoice_operator.devtools.sim.plant import Plant, ServiceModel
 from cosyvoice_operator.render import triton
 from tests.triton_twin.test_twin import service, speech_tokens
@@ -43,6 +54,8 @@ class Agreement:
     sim_p95_s: float
     real_p50_s: float
     sim_p50_s: float
+    # The real p95's 95 % confidence interval (quantile_interval); None: too few requests.
+    real_p95_interval_s: tuple[float, float] | None = None
 
     @property
     def gap(self) -> float:
@@ -67,6 +80,33 @@ class Calibration:
         for a, agreement in zip(doc["agreements"], self.agreements, strict=True):
             a["p95_gap"] = round(agreement.gap, 4)
         return doc
+
+
+def quantile_interval(
+    ordered: list[float], q: float, confidence: float = 0.95
+) -> tuple[float, float] | None:
+    """A distribution-free ``confidence`` interval for the ``q``-quantile of the population
+    the sorted sample ``ordered`` was drawn from: the order statistics X(r) <= X(s) with
+    P(B < r) and P(B >= s) each at most (1 - confidence) / 2, B ~ Binomial(n, q) (the count
+    of draws below the quantile). None when n is too small for either end (for the p95 at
+    95 %, fewer than 72 values: even the maximum is below the p95 more than 2.5 % of the time).
+    """
+    n = len(ordered)
+    tail = (1.0 - confidence) / 2.0
+    pmf = [math.comb(n, k) * q**k * (1.0 - q) ** (n - k) for k in range(n + 1)]
+    below = 0.0  # P(B <= r - 1)
+    r = 0
+    while r < n and below + pmf[r] <= tail:
+        below += pmf[r]
+        r += 1
+    above = 0.0  # P(B >= s)
+    s = n + 1
+    while s > 1 and above + pmf[s - 1] <= tail:
+        above += pmf[s - 1]
+        s -= 1
+    if r < 1 or s > n:
+        return None
+    return ordered[r - 1], ordered[s - 1]
 
 
 def _ok(records: list[RequestRecord]) -> list[RequestRecord]:
@@ -151,10 +191,11 @@ def calibrate(
                         rate_per_s=rate,
                         seconds=seconds,
                         requests=len(served),
-                        real_p95_s=quantile(real, 0.95),
-                        sim_p95_s=quantile(sim, 0.95),
-                        real_p50_s=quantile(real, 0.5),
-                        sim_p50_s=quantile(sim, 0.5),
+                        real_p95_s=percentile(real, 0.95),
+                        sim_p95_s=percentile(sim, 0.95),
+                        real_p50_s=percentile(real, 0.5),
+                        sim_p50_s=percentile(sim, 0.5),
+                        real_p95_interval_s=quantile_interval(real, 0.95),
                     )
                 )
     return Calibration(

@@ -51,7 +51,7 @@ class Minute:
 
     t: float
     arrivals: int
-    p95_s: float
+    p95_s: float  # NaN in a minute of fewer than MIN_PERCENTILE_SAMPLES arrivals
     replicas: int
     ready: int
 
@@ -72,11 +72,33 @@ class Outcome:
     timeline: tuple[Minute, ...]
 
 
+# The fewest samples a reported percentile (p50, p95, p99 of latencies) is taken from: below
+# it a p95 is the largest sample or next to it, and says nothing of the tail (issue 31).
+MIN_PERCENTILE_SAMPLES = 20
+
+
+class TooFewSamples(ValueError):
+    """A percentile asked of fewer than MIN_PERCENTILE_SAMPLES values."""
+
+
 def quantile(ordered: list[float] | array[float], q: float) -> float:
-    """The q-quantile of sorted values (nearest rank); 0 for none."""
+    """The q-quantile of sorted values (nearest rank); 0 for none. For order statistics of a
+    handful of values (the median of a few seeds' results); a percentile that is reported
+    as a latency is :func:`percentile`'s."""
     if not ordered:
         return 0.0
     return float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])
+
+
+def percentile(ordered: list[float] | array[float], q: float) -> float:
+    """The q-quantile of sorted values (nearest rank), refusing (TooFewSamples) fewer than
+    MIN_PERCENTILE_SAMPLES of them."""
+    if len(ordered) < MIN_PERCENTILE_SAMPLES:
+        raise TooFewSamples(
+            f"a p{100 * q:g} of {len(ordered)} samples: at least {MIN_PERCENTILE_SAMPLES} are "
+            "needed for a percentile to say anything of the tail"
+        )
+    return quantile(ordered, q)
 
 
 def played(trace: Trace, warmup_s: float) -> tuple[list[float], list[float], float, int]:
@@ -155,7 +177,9 @@ def simulate(trace: Trace, controller: Controller, config: SimConfig) -> Outcome
             minute_lat.sort()
             current, ready, _ = plant.counts(end)
             start = 60.0 * ((second - first_scored) // 60)
-            p95 = quantile(minute_lat, 0.95)
+            # A minute of fewer arrivals has no p95 (NaN: a gap in the plot's line).
+            enough = len(minute_lat) >= MIN_PERCENTILE_SAMPLES
+            p95 = percentile(minute_lat, 0.95) if enough else math.nan
             timeline.append(Minute(start, len(minute_lat), p95, current, ready))
             minute_lat = []
     while i < n:  # arrivals at the very end
@@ -172,9 +196,9 @@ def simulate(trace: Trace, controller: Controller, config: SimConfig) -> Outcome
         scale_events=events,
         reversals=reversals,
         missing_data_scale_downs=missing_downs,
-        p50_first_audio_s=quantile(ordered, 0.50),
-        p95_first_audio_s=quantile(ordered, 0.95),
-        p99_first_audio_s=quantile(ordered, 0.99),
+        p50_first_audio_s=percentile(ordered, 0.50),
+        p95_first_audio_s=percentile(ordered, 0.95),
+        p99_first_audio_s=percentile(ordered, 0.99),
         minutes_in_violation=violations,
         max_replicas=peak,
         timeline=tuple(timeline),
