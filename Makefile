@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: setup demo test lint unit bench clean serving-models upstream-cpu-site
+.PHONY: setup demo test lint unit bench clean serving-models upstream-cpu-site images push
 
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -29,6 +29,19 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) scripts/actionlint.py
+
+# The operator, engine-builder and serving images with docker, podman or buildah (whichever is
+# on PATH; scripts/images.sh says which is needed when none is), named
+# REGISTRY/cosyvoice-operator:TAG, REGISTRY/engine-builder:TAG-trtllm0.20.0 and
+# REGISTRY/cosyvoice-triton:TAG-trtllm0.20.0 (defaults: ghcr.io/cosyvoice-operator and the
+# chart's appVersion, the names the chart uses; install with --set imageRegistry=REGISTRY).
+# IMAGES=operator builds one only; BUILDER=podman picks the tool.
+images:
+	REGISTRY='$(REGISTRY)' TAG='$(TAG)' IMAGES='$(IMAGES)' BUILDER='$(BUILDER)' bash scripts/images.sh build
+
+push:
+	REGISTRY='$(REGISTRY)' TAG='$(TAG)' IMAGES='$(IMAGES)' BUILDER='$(BUILDER)' bash scripts/images.sh push
 
 # pytest's testpaths (pyproject.toml): tests/ and serving-models/tests.
 test: lint upstream-cpu-site
