@@ -97,3 +97,18 @@ def plan(direction, mode):
 def test_a_reason_without_a_meaning_fails_the_page() -> None:
     with pytest.raises(ValueError, match="NewReason"):
         ref.metrics_page([], [], [], [("NewReason", "Warning")])
+
+
+def test_the_settings_page_lists_every_variable_the_operator_reads() -> None:
+    """docs/reference/settings.md is written by hand; its table and shell/config.py name the
+    same environment variables."""
+    config = (ref.OPERATOR_SOURCE / "shell" / "config.py").read_text()
+    read = set(re.findall(r'"(COSYVOICE_[A-Z_]+)"', config))
+    table = "\n".join(
+        line
+        for line in (REPO / "docs" / "reference" / "settings.md").read_text().splitlines()
+        if line.startswith("| `COSYVOICE_")
+    )
+    listed = set(re.findall(r"`(COSYVOICE_[A-Z_]+)`", table))
+    assert len(read) > 20
+    assert read == listed, f"read, not listed: {read - listed}; listed, not read: {listed - read}"
