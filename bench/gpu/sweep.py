@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import shutil
@@ -33,29 +34,43 @@ import loadgen
 MODEL = "cosyvoice2"
 HOST = "127.0.0.1"
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 18000, 18001, 18002
-# The open-loop steps, as fractions of the closed-loop capacity: from 0.6 up while the SLO
-# holds; if 0.6 misses it, down until a step holds it (the real networks' knee is far below
-# their saturated throughput). A rung's seed is fixed by its fraction, so a point's steps are
-# the same requests in every run.
-UP = (0.6, 0.8, 0.95, 1.1)
-DOWN = (0.45, 0.3, 0.15)
-SEEDS = {f: 10 + i for i, f in enumerate(UP + DOWN)}
-
-
-def next_fraction(fraction: float, ok: bool, passed: bool) -> float | None:
-    """The step after a step at ``fraction`` (``ok``: it met the SLO; ``passed``: some step
-    of this point already had), or None when the point is measured."""
-    if ok and fraction in UP:
-        i = UP.index(fraction)
-        return UP[i + 1] if i + 1 < len(UP) else None
-    if not ok and not passed and fraction in (UP[0], *DOWN):
-        i = DOWN.index(fraction) + 1 if fraction in DOWN else 0
-        return DOWN[i] if i < len(DOWN) else None
-    return None
-
-
-PROFILE_CONCURRENCY = (1, 4, 16)
+# Issue 32: a point's goodput is searched over rates of a fixed geometric ladder (RATE_BASE x
+# RATE_FACTOR^k req/s), each step a fixed number of Poisson arrivals (--step-requests, >= 100),
+# from --start-rps: up one rung after a pass, down one after a failure, until a passing rung
+# and the failing rung above it are both measured. A step passes when the lower end of the
+# Wilson interval of its attainment (first chunk within the SLO, failures counted as misses)
+# reaches --attainment; it stops early, its decision made, once it has had one miss more than
+# that allows (loadgen.misses_allowed). Every step's seed differs, and so does every repeat's.
+RATE_BASE = 0.4
 PROFILE_AUDIO_SECONDS = 8.0  # the trace's mean (8.4 s)
+RATE_FACTOR = 1.25
+
+
+def rung(rate: float) -> int:
+    """The ladder's rung nearest ``rate``."""
+    return round(math.log(rate / RATE_BASE) / math.log(RATE_FACTOR))
+
+
+def rung_rate(k: int) -> float:
+    return round(RATE_BASE * RATE_FACTOR**k, 4)
+
+
+def next_rung(outcomes: dict[int, bool], last: int, lowest: int = -4) -> int | None:
+    """The rung to measure after ``last`` given every measured rung's outcome (True: passed),
+    or None when the goodput is bracketed (a pass with a measured failure one rung above it),
+    or no rung down to ``lowest`` passes."""
+    passed = [k for k, ok in outcomes.items() if ok]
+    if passed and outcomes.get(max(passed) + 1) is False:
+        return None
+    step = last + 1 if outcomes[last] else last - 1
+    if step < lowest or step in outcomes:
+        return None
+    return step
+
+
+def step_seed(repeat: int, index: int) -> int:
+    """A distinct seed for every step of every repeat of a point."""
+    return 1000 * repeat + 10 + index
 
 
 def log(message: str) -> None:
@@ -236,59 +251,103 @@ def model_stats() -> dict[str, Any]:
     return out
 
 
-def measure(lengths: list[float], concurrency: int, args: argparse.Namespace) -> dict[str, Any]:
+def run_step(
+    lengths: list[float], rate: float, seed: int, args: argparse.Namespace
+) -> dict[str, Any]:
     slo = args.slo_ms / 1000
-    warm = asyncio.run(loadgen.closed_loop(HOST, HTTP_PORT, MODEL, 2, 3.0, lengths, seed=1))
+    allowed = loadgen.misses_allowed(args.step_requests, args.attainment)
+    began = time.monotonic()
+    with GpuSampler() as gpu:
+        results, span = asyncio.run(
+            loadgen.open_loop_requests(
+                HOST,
+                HTTP_PORT,
+                MODEL,
+                rate,
+                args.step_requests,
+                lengths,
+                seed,
+                slo,
+                stop_after_misses=allowed + 1,
+            )
+        )
+    n = len(results)
+    good = sum(1 for r in results if not loadgen.is_miss(r, slo))
+    low, high = loadgen.wilson(good, n)
+    step = {
+        "rate_rps": rate,
+        "seed": seed,
+        "planned_requests": args.step_requests,
+        "curtailed": n < args.step_requests,
+        "misses_allowed": allowed,
+        **loadgen.summarize(results, max(span, 1e-9), slo),
+        "arrival_seconds": round(span, 1),
+        "wall_seconds": round(time.monotonic() - began, 1),
+        "attainment_wilson90": [round(low, 4), round(high, 4)],
+        # the decision: the one-sided 95 % lower bound of the attainment reaches the target
+        "passed": n >= args.step_requests and low >= args.attainment,
+        "samples": loadgen.samples(results, began),
+        **gpu.summary(),
+    }
+    return step
+
+
+def measure(
+    lengths: list[float], start_rps: float, args: argparse.Namespace, repeat: int, profile: bool
+) -> dict[str, Any]:
+    warm = asyncio.run(loadgen.closed_loop_requests(HOST, HTTP_PORT, MODEL, 2, 4, lengths, seed=1))
     if not any(not r.error for r in warm):
         raise RuntimeError(f"warm-up failed: {[r.error for r in warm][:3]}")
-    probe = asyncio.run(
-        loadgen.closed_loop(
-            HOST, HTTP_PORT, MODEL, concurrency, args.probe_seconds, lengths, seed=2
-        )
-    )
-    capacity = sum(1 for r in probe if not r.error) / args.probe_seconds
     steps: list[dict[str, Any]] = []
-    best: dict[str, Any] | None = None
-    fraction: float | None = UP[0]
-    while fraction is not None:
-        rate = max(0.2, fraction * capacity)
-        with GpuSampler() as gpu:
-            results = asyncio.run(
-                loadgen.open_loop(
-                    HOST, HTTP_PORT, MODEL, rate, args.step_seconds, lengths, SEEDS[fraction]
-                )
-            )
-        step = {
-            "fraction": fraction,
-            "rate_rps": round(rate, 3),
-            **loadgen.summarize(results, args.step_seconds, slo),
-            **gpu.summary(),
-        }
+    outcomes: dict[int, bool] = {}
+    k: int | None = rung(start_rps)
+    while k is not None:
+        rate = rung_rate(k)
+        step = run_step(lengths, rate, step_seed(repeat, len(steps)), args)
         steps.append(step)
+        outcomes[k] = step["passed"]
         log(
-            f"  rate {rate:.2f}/s: p95 first {step['p95_first_chunk_ms']} ms, "
-            f"errors {step['errors']}, good {step['good_rps']}/s, "
+            f"  rate {rate:.3f}/s: {step['good_requests']}/{step['requests']} good "
+            f"(90% {step['attainment_wilson90']}), passed {step['passed']}, "
+            f"p95 first {step['p95_first_chunk_ms']} ms, {step['wall_seconds']} s, "
             f"gpu {step['gpu_utilization_mean']}"
         )
-        ok = loadgen.meets_slo(step, args.slo_ms)
-        fraction = next_fraction(fraction, ok, best is not None)
-        if ok:
-            best = step
-    profile = concurrency_profile(args)
-    every = [*warm, *probe]
+        k = next_rung(outcomes, k)
+        if k is not None and (
+            time.monotonic() - args.began + args.step_requests / rung_rate(k) + 15 > args.stop_at
+        ):
+            log("  deadline: no further step")
+            break
+    passed = [s for s in steps if s["passed"]]
+    best = max(passed, key=lambda s: s["rate_rps"]) if passed else None
+    above = (
+        next((s for s in steps if s["rate_rps"] == rung_rate(rung(best["rate_rps"]) + 1)), None)
+        if best
+        else None
+    )
+    bracketed = best is not None and above is not None and not above["passed"]
+    out: dict[str, Any] = {}
+    if profile:
+        out["concurrency_profile"] = concurrency_profile(args, repeat)
+    every = [*warm]
+    profiled = out.get("concurrency_profile", {})
     return {
-        "requests": sum(s["requests"] for s in steps) + len(every) + profile.pop("_requests"),
+        "requests": sum(s["requests"] for s in steps)
+        + len(every)
+        + sum(v["requests"] for v in profiled.values()),
         "lost_streams": sum(s["errors"] for s in steps)
         + sum(1 for r in every if r.error)
-        + profile.pop("_errors"),
-        "concurrency_profile": profile,
-        "closed_loop_rps": round(capacity, 3),
-        "closed_loop_errors": sum(1 for r in probe if r.error),
-        "closed_loop_p95_first_chunk_ms": loadgen.summarize(probe, args.probe_seconds, slo)[
-            "p95_first_chunk_ms"
-        ],
+        + sum(v["errors"] for v in profiled.values()),
+        **out,
         "steps": steps,
+        # the highest passing rung's good requests per second, and its decisive steps
         "goodput_rps": best["good_rps"] if best else 0.0,
+        "goodput_rate_rps": best["rate_rps"] if best else 0.0,
+        "bracketed": bracketed,
+        "decisive": {
+            "passed": _decisive(best),
+            "failed_above": _decisive(above) if bracketed else None,
+        },
         "p95_first_chunk_ms": best["p95_first_chunk_ms"] if best else None,
         "p95_total_ms": best["p95_total_ms"] if best else None,
         "gpu_utilization_mean": best["gpu_utilization_mean"] if best else None,
@@ -297,20 +356,31 @@ def measure(lengths: list[float], concurrency: int, args: argparse.Namespace) ->
     }
 
 
-def concurrency_profile(args: argparse.Namespace) -> dict[str, Any]:
-    """First chunk p50/p95 and real-time factor per stream (synthesis time / audio length)
-    with 1, 4 and 16 streams kept in flight, each of the trace's mean length."""
-    out: dict[str, Any] = {"_requests": 0, "_errors": 0}
-    for clients in PROFILE_CONCURRENCY:
+def _decisive(step: dict[str, Any] | None) -> dict[str, Any] | None:
+    if step is None:
+        return None
+    keys = ("rate_rps", "requests", "good_requests", "attainment_wilson90", "curtailed")
+    return {k: step[k] for k in keys}
+
+
+def concurrency_profile(args: argparse.Namespace, repeat: int) -> dict[str, Any]:
+    """First chunk p50/p95 and real-time factor per stream (time to the last chunk / audio
+    length) with N streams kept in flight, --profile-requests requests per level; one stream
+    with --profile-one-seconds of audio (a stream's first chunk does not wait for its length),
+    more with the trace's mean length."""
+    out: dict[str, Any] = {}
+    for clients in args.profile_levels:
+        seconds = args.profile_one_seconds if clients == 1 else PROFILE_AUDIO_SECONDS
+        began = time.monotonic()
         results = asyncio.run(
-            loadgen.closed_loop(
+            loadgen.closed_loop_requests(
                 HOST,
                 HTTP_PORT,
                 MODEL,
                 clients,
-                args.profile_seconds,
-                [PROFILE_AUDIO_SECONDS],
-                seed=20 + clients,
+                args.profile_requests,
+                [seconds],
+                seed=1000 * repeat + 500 + clients,
             )
         )
         ok = [r for r in results if not r.error and r.first is not None and r.done is not None]
@@ -323,13 +393,17 @@ def concurrency_profile(args: argparse.Namespace) -> dict[str, Any]:
         out[str(clients)] = {
             "requests": len(results),
             "errors": len(results) - len(ok),
-            "p50_first_chunk_ms": ms(loadgen.percentile(firsts, 50)),
-            "p95_first_chunk_ms": ms(loadgen.percentile(firsts, 95)),
-            "p50_rtf": None if not rtf else round(loadgen.percentile(rtf, 50) or 0, 3),
+            "audio_seconds": seconds,
+            "p50_first_chunk_ms": ms(loadgen.percentile_or_none(firsts, 50)),
+            "p95_first_chunk_ms": ms(loadgen.percentile_or_none(firsts, 95)),
+            "p50_rtf": None if not rtf else round(loadgen.percentile_or_none(rtf, 50) or 0, 3),
+            "wall_seconds": round(time.monotonic() - began, 1),
+            "samples": loadgen.samples(results, began),
         }
-        out["_requests"] += len(results)
-        out["_errors"] += len(results) - len(ok)
-        log(f"  {clients} streams: {out[str(clients)]}")
+        log(
+            f"  {clients} streams: "
+            + str({k: v for k, v in out[str(clients)].items() if k != "samples"})
+        )
     return out
 
 
@@ -340,47 +414,81 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--points", default="", help="comma-separated point names (default: all)")
     parser.add_argument("--slo-ms", type=float, default=1000.0)
-    parser.add_argument("--probe-seconds", type=float, default=6.0)
-    parser.add_argument("--step-seconds", type=float, default=8.0)
-    parser.add_argument("--profile-seconds", type=float, default=5.0)
+    parser.add_argument("--step-requests", type=int, default=100, help="arrivals per step")
+    parser.add_argument("--attainment", type=float, default=0.95, help="the SLO's share on time")
+    parser.add_argument(
+        "--profile-points", default="", help="points that also get the concurrency profile"
+    )
+    parser.add_argument(
+        "--profile-levels",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[1, 16],
+        help="streams in flight per profile level",
+    )
+    parser.add_argument("--profile-requests", type=int, default=100)
+    parser.add_argument("--profile-one-seconds", type=float, default=1.0)
+    parser.add_argument("--start-rps", type=float, default=0.625, help="first step's rate")
+    parser.add_argument(
+        "--attach", type=int, default=0, help="measure the server on this HTTP port (no start)"
+    )
     parser.add_argument("--stub-prefix", default="", help="venv whose Python the stubs embed")
     parser.add_argument(
         "--keep-going", action="store_true", help="go on after a point fails to start"
     )
     parser.add_argument(
-        "--deadline", type=float, default=540.0, help="stop starting points after this many seconds"
+        "--stop-at",
+        type=float,
+        default=540.0,
+        help="start no step that would end (by its planned length) after this many seconds",
     )
     parser.add_argument(
         "--logs", type=Path, help="keep each point's server log here (NN-<point>.log)"
     )
     args = parser.parse_args()
+    if loadgen.misses_allowed(args.step_requests, args.attainment) < 0:
+        parser.error(f"no step of {args.step_requests} requests can show {args.attainment}")
     began = time.monotonic()
     packed = json.loads((args.build / "points.json").read_text())
     points = packed["points"] if isinstance(packed, dict) else packed
     code = packed.get("code", "standins") if isinstance(packed, dict) else "standins"
     if code == "ours":  # the project's orchestrator needs a voice (it has no default one)
         loadgen.REFERENCE = loadgen.reference_fields()
-    if args.points:
-        wanted = args.points.split(",")
-        points = [p for name in wanted for p in points if p["name"] == name]
+    starts: list[float] = []
+    if args.points:  # NAME or NAME@RATE (the first step's rate), a name twice runs twice
+        wanted = [w.split("@") for w in args.points.split(",")]
+        chosen = []
+        for name, *rate in wanted:
+            chosen += [p for p in points if p["name"] == name]
+            starts += [float(rate[0]) if rate else args.start_rps]
+        points = chosen
+    else:
+        starts = [args.start_rps] * len(points)
+    profiled = set(filter(None, args.profile_points.split(",")))
+    global HTTP_PORT
+    if args.attach:
+        HTTP_PORT = args.attach
     lengths = loadgen.audio_lengths(args.build / "trace.csv")
-    device = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
+    query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+    device = (
+        subprocess.run(query, capture_output=True, text=True, check=False).stdout.strip()
+        if shutil.which("nvidia-smi")
+        else "cpu (no nvidia-smi)"
+    )
     report: dict[str, Any] = {
         "device": device,
         "code": code,
         "slo_first_chunk_ms": args.slo_ms,
-        "step_seconds": args.step_seconds,
+        "step_requests": args.step_requests,
+        "attainment_target": args.attainment,
+        "decision": "a step passes when the one-sided 95 % lower bound (Wilson) of its "
+        "attainment reaches the target, over all its planned requests",
         "audio_seconds_mean": round(sum(lengths) / len(lengths), 2),
         "points": [],
     }
     seen: dict[str, int] = {}
+    args.began = began
     for index, point in enumerate(points):
-        if time.monotonic() - began > args.deadline:
+        if time.monotonic() - began + 60 + args.step_requests / starts[index] > args.stop_at:
             log(f"deadline: skipping {point['name']}")
             continue
         repo = args.build / "repos" / point["name"]
@@ -395,15 +503,16 @@ def main() -> int:
         seen[point["name"]] = entry["repeat"] = seen.get(point["name"], 0) + 1  # named twice
         log(f"{point['name']}: starting")
         try:
-            entry["ready_s"] = round(server.start(timeout=240), 1)
-            concurrency = point["params"]["orchestratorPerGpu"]
-            entry.update(measure(lengths, concurrency, args))
+            entry["ready_s"] = 0.0 if args.attach else round(server.start(timeout=240), 1)
+            profile = point["name"] in profiled
+            entry.update(measure(lengths, starts[index], args, entry["repeat"], profile))
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {exc}"[-2000:]
             entry["log_tail"] = server.tail()[-1500:]
             log(f"{point['name']}: FAILED {entry['error'][:300]}")
         finally:
-            server.stop()
+            if not args.attach:
+                server.stop()
         if entry.get("error") or any(s.get("errors") for s in entry.get("steps", [])):
             entry["server_errors"] = server.errors()
         if args.logs:

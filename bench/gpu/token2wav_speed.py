@@ -8,6 +8,11 @@ Per case (a stream's first chunk, a chunk 10 s into a stream, a whole 10-s utter
 milliseconds of a whole ``Token2Wav.synthesize`` call (flow + HiFT + the host copies), of
 the flow alone, and the largest difference between the eager and graphed flow's mel (the
 CFM noise is a fixed buffer, so both see the same inputs).
+
+Issue 32: a third engine, ``cfm``, replays the whole CFM solve as one graph per padded length
+(``cfm_graphs.py``), and two floors are timed per case: the estimator's own graph replayed 10
+times (the 10 Euler steps with no work around them) and the whole-CFM graph's replay alone
+(the flow's time less its encoder and host work).
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "build" / "serving-models"))  # pack.py's copy
+sys.path.insert(0, str(HERE))
 
 PROMPT_TOKENS = 75  # a 3-s reference
-REPEATS = 10
+REPEATS = 5
 
 
 def timed(fn: Any, torch: Any, repeats: int = REPEATS) -> float:
@@ -83,6 +89,27 @@ class Case:
             )[0]
 
 
+def floors(engines: dict[str, Any], frames: int, torch: Any) -> dict[str, Any]:
+    """What bounds the flow's time with graphs: the estimator's bucket graph replayed 10 times
+    (the Euler steps alone, as ``graphs`` runs them) and the whole-CFM graph replayed once."""
+    out: dict[str, Any] = {}
+    graphed = engines["graphs"].graphed
+    bucket = graphed.graphs.get(-(-frames // graphed.bucket) * graphed.bucket)
+    if bucket is not None:
+
+        def ten() -> None:
+            for _ in range(10):
+                bucket.graph.replay()
+
+        out["estimator_graph_x10_ms"] = timed(ten, torch)
+    cfm = engines.get("cfm")
+    if cfm is not None:
+        for (padded, _), graph in cfm.flow.decoder.graphs.items():
+            if padded == -(-frames // 128) * 128:
+                out["cfm_graph_replay_ms"] = timed(graph.graph.replay, torch)
+    return out
+
+
 def main() -> int:
     import numpy as np
     import torch
@@ -105,9 +132,18 @@ def main() -> int:
         "torch": torch.__version__,
     }
     engines = {}
-    for mode in ("eager", "graphs"):
+    for mode in ("eager", "graphs", "cfm"):
         began = time.monotonic()
-        engines[mode] = Token2Wav(release, device, graphs=(mode == "graphs"))
+        try:
+            engines[mode] = Token2Wav(release, device, graphs=(mode != "eager"))
+            if mode == "cfm":
+                from cfm_graphs import graphed_cfm
+
+                inner = engines[mode].graphed.inner
+                engines[mode].flow.decoder = graphed_cfm(engines[mode].flow.decoder, inner)
+        except Exception as exc:  # the third engine is an experiment: report, go on
+            out[f"{mode}_error"] = f"{type(exc).__name__}: {exc}"[:500]
+            engines.pop(mode, None)
         out[f"{mode}_load_s"] = round(time.monotonic() - began, 1)
     out["graphed"] = engines["graphs"].graphed is not None
     mels: dict[tuple[str, str], Any] = {}
@@ -116,15 +152,28 @@ def main() -> int:
         row: dict[str, Any] = {}
         for mode, engine in engines.items():
             case = Case(engine, tokens, prompt, feat, embedding, offset, finalize)
-            row[f"{mode}_synthesize_ms"] = timed(case.synthesize, torch)
-            row[f"{mode}_flow_ms"] = timed(case.flow, torch)
-            mels[(name, mode)] = case.flow().float()
-        diff = (mels[(name, "eager")] - mels[(name, "graphs")]).abs().max().item()
-        row["mel_max_abs_diff"] = round(diff, 6)
+            try:
+                repeats = REPEATS if mode == "eager" else 4 * REPEATS  # eager: ~0.6 s a call
+                row[f"{mode}_synthesize_ms"] = timed(case.synthesize, torch, repeats)
+                row[f"{mode}_flow_ms"] = timed(case.flow, torch, repeats)
+                mels[(name, mode)] = case.flow().float()
+            except Exception as exc:
+                row[f"{mode}_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        for mode in ("graphs", "cfm"):
+            if (name, mode) in mels and (name, "eager") in mels:
+                diff = (mels[(name, "eager")] - mels[(name, mode)]).abs().max().item()
+                row[f"{mode}_mel_max_abs_diff"] = round(diff, 6)
+                row[f"{mode}_speedup_flow"] = round(
+                    row["eager_flow_ms"] / row[f"{mode}_flow_ms"], 1
+                )
+                row[f"{mode}_speedup_synthesize"] = round(
+                    row["eager_synthesize_ms"] / row[f"{mode}_synthesize_ms"], 1
+                )
         row["mel_max_abs"] = round(mels[(name, "eager")].abs().max().item(), 3)
-        row["speedup_synthesize"] = round(
-            row["eager_synthesize_ms"] / row["graphs_synthesize_ms"], 1
-        )
+        frames = 2 * (PROMPT_TOKENS + count - (0 if finalize else 3))
+        row["frames"] = frames
+        if device != "cpu":
+            row.update(floors(engines, frames, torch))
         out[name] = row
     graphed = engines["graphs"].graphed
     if graphed is not None:
