@@ -128,7 +128,80 @@ def _standin_mpirun(argv: list[str]) -> None:
     os.execvp(rest[0], rest)
 
 
+# trtllm-serve serve's options (tensorrt_llm/commands/serve.py, the click options of
+# ``serve``: NVIDIA/TensorRT-LLM 00209af, the code index's stored version; 0.20's is not
+# stored there and has a subset of these, each flag cosyvoice-serve passes among them).
+# Switches take no value; click answers any other option with "No such option" (exit 2).
+TRTLLM_SERVE_SWITCHES = frozenset(
+    {"--trust_remote_code", "--fail_fast_on_attention_window_too_large", "--enable_chunked_prefill"}
+)
+TRTLLM_SERVE_OPTIONS = TRTLLM_SERVE_SWITCHES | frozenset(
+    {
+        "--tokenizer",
+        "--custom_tokenizer",
+        "--host",
+        "--port",
+        "--backend",
+        "--custom_module_dirs",
+        "--log_level",
+        "--max_beam_width",
+        "--max_batch_size",
+        "--max_num_tokens",
+        "--max_seq_len",
+        "--tensor_parallel_size",
+        "--tp_size",
+        "--pipeline_parallel_size",
+        "--pp_size",
+        "--context_parallel_size",
+        "--cp_size",
+        "--moe_expert_parallel_size",
+        "--ep_size",
+        "--moe_cluster_parallel_size",
+        "--cluster_size",
+        "--gpus_per_node",
+        "--free_gpu_memory_fraction",
+        "--kv_cache_free_gpu_memory_fraction",
+        "--num_postprocess_workers",
+        "--revision",
+        "--config",
+        "--extra_llm_api_options",
+        "--reasoning_parser",
+        "--tool_parser",
+        "--metadata_server_config_file",
+        "--server_role",
+        "--otlp_traces_endpoint",
+        "--disagg_cluster_uri",
+        "--media_io_kwargs",
+        "--chat_template",
+    }
+)
+
+
+def trtllm_serve_usage_error(argv: list[str]) -> str | None:
+    """click's complaint about a ``trtllm-serve`` command line, or None when it takes it:
+    ``serve MODEL`` and options it has, each but a switch with its value."""
+    if argv[:1] != ["serve"] or len(argv) < 2 or argv[1].startswith("-"):
+        return "Error: Missing argument 'MODEL'."
+    rest = argv[2:]
+    while rest:
+        name = rest[0].partition("=")[0]
+        if name not in TRTLLM_SERVE_OPTIONS:
+            return f"Error: No such option: {name}"
+        if name in TRTLLM_SERVE_SWITCHES or "=" in rest[0]:
+            rest = rest[1:]
+        elif len(rest) < 2:
+            return f"Error: Option '{name}' requires an argument."
+        else:
+            rest = rest[2:]
+    return None
+
+
 def _standin_trtllm_serve(argv: list[str]) -> None:
+    refused = trtllm_serve_usage_error(argv)
+    if refused is not None:
+        _log("refused", argv=argv, error=refused)
+        print(f"Usage: trtllm-serve serve [OPTIONS] MODEL\n{refused}", file=sys.stderr)
+        raise SystemExit(2)
     port = int(_opt(argv, "--port"))
     _log("start", argv=argv, cuda=os.environ.get("CUDA_VISIBLE_DEVICES"), port=port)
     print(f"trtllm-serve stand-in loading on port {port}", flush=True)
@@ -1034,3 +1107,18 @@ def test_triton_restricts_the_apis_no_client_needs_to_a_key_nobody_is_shown() ->
     assert key not in launch.display(argv) and "cosyvoice-admin-key=***" in launch.display(argv)
     given = launch.tritonserver_argv(options, {"COSYVOICE_TRITON_ADMIN_KEY": "k" * 40})
     assert any(a.endswith("cosyvoice-admin-key=" + "k" * 40) for a in given)
+
+
+def test_the_trtllm_serve_standin_refuses_what_click_refuses() -> None:
+    """The stand-in takes what cosyvoice-serve starts and refuses an option trtllm-serve does
+    not have (exit 2, as click's usage errors), so a misspelt flag cannot pass here."""
+    good = ["serve", "/e/llm", "--tokenizer", "/e/model/llm", "--host", "127.0.0.1"]
+    assert trtllm_serve_usage_error([*good, "--port", "8010", "--tp_size", "2"]) is None
+    assert trtllm_serve_usage_error([*good, "--kv_cache_free_gpu_memory_fraction", "0.4"]) is None
+    assert trtllm_serve_usage_error([*good, "--served_model_name", "x"]) == (
+        "Error: No such option: --served_model_name"
+    )
+    assert trtllm_serve_usage_error([*good, "--port"]) == (
+        "Error: Option '--port' requires an argument."
+    )
+    assert trtllm_serve_usage_error(["serve", "--port", "1"]) == "Error: Missing argument 'MODEL'."
