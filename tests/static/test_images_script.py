@@ -158,7 +158,7 @@ def test_bad_settings_are_refused_before_anything_runs(
     bin_dir, log = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()
     stand_in(bin_dir, "docker", log)
-    proc = run("build", bin_dir, **env)
+    proc = run("build", bin_dir, False, **env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stderr
     assert calls(log) == []

@@ -8,7 +8,7 @@ import os
 import re
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cosyvoice_operator.plan.service import Limits
 from cosyvoice_operator.render.build_job import BuildSettings
@@ -45,6 +45,9 @@ class OperatorConfig:
     serving: ServingSettings = field(default_factory=ServingSettings)
     # Image prefixes services may name for the builder and serving images (empty: any).
     allowed_image_prefixes: tuple[str, ...] = ()
+    # Where the default builder and serving images are pulled from (COSYVOICE_IMAGE_REGISTRY,
+    # the chart's imageRegistry; empty: as named).
+    image_registry: str = ""
     # How long an engine no service references is kept before it is removed.
     engine_retention_seconds: float = 7 * 24 * 3600.0
     # How long a build Job no service asks for any more may run on before it is deleted.
@@ -75,6 +78,7 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
     annotations = _pod_annotations(env)
     pull = tuple(s for s in env.get("COSYVOICE_IMAGE_PULL_SECRETS", "").split(",") if s)
     prefixes = _image_prefixes(env)
+    registry = _image_registry(env)
     retention = _float(env, "COSYVOICE_ENGINE_RETENTION_SECONDS", 7 * 24 * 3600.0)
     grace = _float(env, "COSYVOICE_SUPERSEDED_GRACE_SECONDS", 30.0)
     workers = _int(env, "COSYVOICE_WORKERS", 4)
@@ -92,10 +96,15 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
             ": must be at least 10"
         )
     build = _build_settings(env, annotations, pull)
+    if registry:
+        build = replace(
+            build, default_builder_image=rebase_image(build.default_builder_image, registry)
+        )
     _check_allowed("COSYVOICE_BUILDER_IMAGE", build.default_builder_image, prefixes)
     serving_defaults = ServingSettings()
+    serving_image = env.get("COSYVOICE_SERVING_IMAGE") or serving_defaults.default_image
     serving = ServingSettings(
-        default_image=env.get("COSYVOICE_SERVING_IMAGE") or serving_defaults.default_image,
+        default_image=rebase_image(serving_image, registry) if registry else serving_image,
         network_policy=_bool(env, "COSYVOICE_NETWORK_POLICY", serving_defaults.network_policy),
         scraper_namespace_labels=_labels(env, "COSYVOICE_NETWORK_POLICY_SCRAPER_NAMESPACE_LABELS"),
     )
@@ -114,6 +123,7 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
         build=build,
         serving=serving,
         allowed_image_prefixes=prefixes,
+        image_registry=registry,
         engine_retention_seconds=retention,
         superseded_grace_seconds=grace,
         workers=workers,
@@ -236,6 +246,32 @@ def _image_prefixes(env: Mapping[str, str]) -> tuple[str, ...]:
                 f"(else {prefix + '-evil/...'!r} would be allowed too)"
             )
     return prefixes
+
+
+# A registry host (lower case, an optional port) and an optional path of repository
+# components: what goes before an image's name. No scheme, tag or digest.
+_REGISTRY = re.compile(
+    r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*$"
+)
+
+
+def rebase_image(image: str, registry: str) -> str:
+    """`image` pulled from `registry`: all before its last "/" replaced by `registry`, its
+    name, tag and digest kept (``ghcr.io/cosyvoice-operator/engine-builder:0.1.0-trtllm0.20.0``
+    under ``registry.example/tts`` is ``registry.example/tts/engine-builder:0.1.0-trtllm0.20.0``).
+    The chart does the same to the operator's own image (templates/deployment.yaml)."""
+    return f"{registry.rstrip('/')}/{image.rsplit('/', 1)[-1]}"
+
+
+def _image_registry(env: Mapping[str, str]) -> str:
+    raw = env.get("COSYVOICE_IMAGE_REGISTRY", "").strip()
+    registry = raw.rstrip("/")
+    if raw and not _REGISTRY.match(registry):
+        raise ConfigError(
+            f"COSYVOICE_IMAGE_REGISTRY={raw!r}: expected a registry and optional path such as "
+            "registry.example.com/team (lower case; no scheme, tag or digest)"
+        )
+    return registry
 
 
 def _check_allowed(name: str, image: str, prefixes: tuple[str, ...]) -> None:
