@@ -150,11 +150,10 @@ def test_the_speaker_prompt_table_is_the_tools_own_parser() -> None:
         ):
             name = node.args[0]
             assert isinstance(name, ast.Constant)
-            required = any(
+            declared[str(name.value)] = any(
                 k.arg == "required" and isinstance(k.value, ast.Constant) and k.value.value
                 for k in node.keywords
             )
-            declared[str(name.value)] = required
     assert declared == {name: True for name in standin_tool.SPEAKER_PROMPT_FLAGS}
     _, _, required = standin_tool.ARGPARSE_TOOLS["speaker-prompt"]
     assert set(required) == set(declared)
