@@ -12,10 +12,11 @@ It "generates" 3 speech tokens per text token of the prompt (at least 20, at mos
 2 ms, or, when ``COSYVOICE_TWIN_STREAM_SECONDS`` is set (the closed loop running the
 project's own orchestrator), its steps spread evenly over that many seconds.
 
-``COSYVOICE_TWIN_LLM_HOLD_FILE``: a streamed answer sends every step but its last, then waits
-until this file exists. The orchestrator in front has its first chunks out and its stream in
-flight for as long as a test needs (the drain and stall tests of ``cosyvoice-serve``, which
-run the project's own orchestrator, whose code has no hold of its own).
+``COSYVOICE_TWIN_LLM_PAUSE_FILE``: while this file exists, a streamed answer sends every step
+but its last, then waits for the file to be gone. The orchestrator in front has its first
+chunks out and its stream in flight for as long as a test needs (the drain and stall tests of
+``cosyvoice-serve`` and the gauge test of ``serving-models/tests``, which run the project's
+own orchestrator, whose code has no hold of its own); absent, nothing waits.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
+from trtllm_backend_params import config_problems  # type: ignore[import-not-found]
 
 ORIGINAL_VOCAB_SIZE = 151663
 TOKENS_PER_TEXT_TOKEN = 3
@@ -68,9 +70,15 @@ def generate(request: Any) -> tuple[list[int], bool]:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(
-            json.loads(args["model_config"])
-        )
+        config = json.loads(args["model_config"])
+        # As the real backend, refuse to load on parameters it refuses (trtllm_backend_params).
+        parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        problems = config_problems(parameters)
+        if problems:
+            raise pb_utils.TritonModelException(
+                "unexpected error when creating modelInstanceState: " + "; ".join(problems)
+            )
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.streams: list[threading.Thread] = []
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
@@ -95,10 +103,10 @@ class TritonPythonModel:
             ]
             stream_seconds = float(os.environ.get("COSYVOICE_TWIN_STREAM_SECONDS") or 0)
             pause = stream_seconds / len(steps) if stream_seconds else STEP_SECONDS
-            hold = os.environ.get("COSYVOICE_TWIN_LLM_HOLD_FILE") or ""
+            paused = os.environ.get("COSYVOICE_TWIN_LLM_PAUSE_FILE") or ""
             for i, step in enumerate(steps):
                 time.sleep(pause)
-                while hold and i == len(steps) - 1 and not os.path.exists(hold):
+                while paused and i == len(steps) - 1 and os.path.exists(paused):
                     time.sleep(0.01)
                 sender.send(outputs(step), flags=final if i == len(steps) - 1 else 0)
         except Exception as exc:  # reported to the caller as a response
