@@ -7,9 +7,12 @@ What the flow is conditioned on (the release's ``feat_extractor``, i.e. Matcha-T
 computes it): reflect padding of (n_fft - hop) / 2 on each side, a
 periodic Hann window, magnitude ``sqrt(power + 1e-9)``, a Slaney-scale, Slaney-normalised
 mel filterbank (librosa's default), then ``log(max(x, 1e-5))``. The 16 kHz reference is
-brought to 24 kHz by linear interpolation (upstream: torchaudio's sinc resampler; the
-difference is below the mel's resolution at these frequencies, and only the prompt is
-affected). Written from those definitions; no code of librosa or Matcha-TTS is copied.
+brought to 24 kHz as upstream's frontend does it, ``torchaudio.transforms.Resample(16000,
+24000)`` with its defaults: a polyphase filter of Hann-windowed sincs, 6 zero crossings,
+cut off at 0.99 of the 8 kHz Nyquist frequency (:func:`resample_to_24k`). Written from those
+definitions; no code of librosa, torchaudio or Matcha-TTS is copied. Checked against
+upstream's own pipeline (torchaudio's resampler, Matcha's ``mel_spectrogram``) in
+``serving-models/tests/test_prompt_mel.py``.
 """
 
 from __future__ import annotations
@@ -61,11 +64,42 @@ _BANKS = {F_MAX: mel_filterbank(), NYQUIST: mel_filterbank(f_max=NYQUIST)}
 _WINDOW = (0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
 
 
+# The resampler: 16 kHz -> 24 kHz is UP output samples for every DOWN input samples.
+UP, DOWN = 3, 2
+ZERO_CROSSINGS = 6  # of the sinc on each side (torchaudio's lowpass_filter_width)
+ROLLOFF = 0.99  # the cut-off, as a fraction of the lower rate's Nyquist frequency
+
+
+def _resampling_kernels() -> Any:
+    """[UP, taps]: for each output phase, the weights of the input samples around it.
+
+    Time is counted in blocks of DOWN input samples (= UP output samples). Output sample
+    ``UP * f + p`` lies ``p / UP`` of a block after input sample ``DOWN * f``, and is the
+    weighted sum of the inputs ``DOWN * f - half + j`` (``j`` over the taps). A weight is a
+    sinc whose zeros are ``1 / cutoff`` blocks apart (a low-pass at ``ROLLOFF`` of the lower
+    rate's Nyquist frequency), times a Hann window that is 0 at ``ZERO_CROSSINGS`` zeros
+    away, scaled by ``cutoff / DOWN`` (a gain of 1 at 0 Hz, within 0.07 %)."""
+    cutoff = min(UP, DOWN) * ROLLOFF
+    half = int(np.ceil(ZERO_CROSSINGS * DOWN / cutoff))
+    offsets = np.arange(-half, half + DOWN, dtype=np.float64) / DOWN
+    phases = np.arange(UP, dtype=np.float64)[:, None] / UP
+    t = np.clip((offsets[None, :] - phases) * cutoff, -ZERO_CROSSINGS, ZERO_CROSSINGS)
+    window = np.cos(np.pi * t / (2 * ZERO_CROSSINGS)) ** 2
+    return np.sinc(t) * window * (cutoff / DOWN)
+
+
+_KERNELS = _resampling_kernels()
+_HALF = (_KERNELS.shape[1] - DOWN) // 2
+
+
 def resample_to_24k(wav16k: Any) -> Any:
-    samples = np.asarray(wav16k, dtype=np.float32).reshape(-1)
-    count = len(samples) * SAMPLE_RATE // REFERENCE_RATE
-    at = np.arange(count, dtype=np.float64) * REFERENCE_RATE / SAMPLE_RATE
-    return np.interp(at, np.arange(len(samples)), samples).astype(np.float32)
+    """16 kHz -> 24 kHz, ``ceil(3 n / 2)`` samples, by the polyphase windowed-sinc filter of
+    :func:`_resampling_kernels` (zeros beyond both ends)."""
+    samples = np.asarray(wav16k, dtype=np.float64).reshape(-1)
+    count = -(-len(samples) * UP // DOWN)
+    padded = np.pad(samples, (_HALF, _HALF + DOWN))
+    taps = np.lib.stride_tricks.sliding_window_view(padded, _KERNELS.shape[1])[::DOWN]
+    return (taps @ _KERNELS.T).reshape(-1)[:count].astype(np.float32)
 
 
 def prompt_mel(wav16k: Any, f_max: float = F_MAX) -> Any:
@@ -73,14 +107,21 @@ def prompt_mel(wav16k: Any, f_max: float = F_MAX) -> Any:
     ``f_max`` (the release's: :func:`check_release`)."""
     if f_max not in _BANKS:
         raise ValueError(f"no mel filterbank up to {f_max} Hz (known: {sorted(_BANKS)})")
-    wav = resample_to_24k(wav16k)
+    return log_mel(resample_to_24k(wav16k), f_max, f"reference audio of {len(wav16k)} samples")
+
+
+def log_mel(wav24k: Any, f_max: float = F_MAX, what: str = "audio") -> Any:
+    """[frames, 80] log-mel of 24 kHz audio (the ``feat_extractor``'s), up to ``f_max``."""
+    if f_max not in _BANKS:
+        raise ValueError(f"no mel filterbank up to {f_max} Hz (known: {sorted(_BANKS)})")
+    wav = np.asarray(wav24k, dtype=np.float32).reshape(-1)
     pad = (N_FFT - HOP) // 2
     if len(wav) <= pad:
-        raise ValueError(f"reference audio of {len(wav16k)} samples is too short")
+        raise ValueError(f"{what} is too short")
     wav = np.pad(wav, (pad, pad), mode="reflect")
     frames = 1 + (len(wav) - N_FFT) // HOP
     if frames < 1:
-        raise ValueError(f"reference audio of {len(wav16k)} samples is too short")
+        raise ValueError(f"{what} is too short")
     index = np.arange(N_FFT)[None, :] + HOP * np.arange(frames)[:, None]
     spectrum = np.fft.rfft(wav[index] * _WINDOW, axis=1)
     magnitude = np.sqrt(np.abs(spectrum) ** 2 + 1e-9)

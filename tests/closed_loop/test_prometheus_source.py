@@ -135,8 +135,8 @@ def test_signals_of_a_real_triton_through_a_real_prometheus(tmp_path: Path) -> N
         # client over the same window and with queueing at the measured service time.
         load.set_concurrency(CONCURRENCY)
         busy, at = wait_steady(sample, time.monotonic() + WINDOW + 1, 120)
-        ended = [r for r in load.records() if r.ok and r.total_s is not None]
-        in_window = [r for r in ended if at - WINDOW <= r.started + r.total_s <= at]
+        ended = [(r, r.started + r.total_s) for r in load.records() if r.total_s is not None]
+        in_window = [r for r, end in ended if r.ok and at - WINDOW <= end <= at]
         client_rate = len(in_window) / WINDOW
         assert busy.available and not busy.no_traffic, busy
         assert busy.completion_rate is not None
