@@ -27,17 +27,24 @@ def test_chunks_over_two_instances_equal_upstreams_continuous_synthesis(release:
 
 
 def test_the_release_yaml_would_build_more_than_flow_and_hift(release: Path) -> None:
-    """The synthetic yaml's LLM and feature extractor cannot be built here (a missing Qwen2
-    checkpoint; librosa): loading the whole yaml fails, so the engine's success above means it
-    built only flow and HiFT."""
+    """The synthetic yaml's LLM cannot be built here (its Qwen2 checkpoint does not exist):
+    loading the whole yaml fails there, in upstream's ``Qwen2Encoder``, so the engine's
+    success above means it built only flow and HiFT. Any other failure (a missing module, a
+    yaml error) fails this test."""
     script = (
-        "import sys\n"
+        "import json, sys, traceback\n"
         "from hyperpyyaml import load_hyperpyyaml\n"
         "try:\n"
         f"    load_hyperpyyaml(open({str(release / 'cosyvoice2.yaml')!r}).read())\n"
         "except Exception as exc:\n"
-        "    print('refused', type(exc).__name__)\n"
+        "    frames = traceback.extract_tb(exc.__traceback__)\n"
+        "    print(json.dumps({'type': type(exc).__name__, 'message': str(exc),\n"
+        "                      'where': [f'{f.filename}:{f.name}' for f in frames]}))\n"
         "else:\n"
-        "    print('built')\n"
+        "    print(json.dumps({'type': None}))\n"
     )
-    assert debian_python("-c", script).strip().splitlines()[-1].startswith("refused")
+    refused = json.loads(debian_python("-c", script).strip().splitlines()[-1])
+    assert refused["type"] == "OSError", refused
+    assert "/nonexistent/CosyVoice-BlankEN" in refused["message"], refused
+    # Raised while building upstream's LLM (cosyvoice/llm/llm.py), from the yaml's llm entry.
+    assert any(w.endswith("cosyvoice/llm/llm.py:__init__") for w in refused["where"]), refused
