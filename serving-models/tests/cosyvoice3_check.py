@@ -31,14 +31,15 @@ from cosyvoice_serving_models.token2wav import release_yaml_entries
 MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
-def whole_yaml_refused(release: Path) -> bool:
+def whole_yaml_refused(release: Path) -> str | None:
+    """Why the whole yaml cannot be built ("Type: message"), or None when it can."""
     from hyperpyyaml import load_hyperpyyaml
 
     try:
         load_hyperpyyaml((release / "cosyvoice3.yaml").read_text())
-    except Exception:
-        return True
-    return False
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def flow_calls(release: Path, prompt: dict[str, Any], tokens: Any) -> dict[str, Any]:
