@@ -49,7 +49,7 @@ echo "sweep: \$(date +%T)"
 (cd bench/gpu && python3 sweep.py --triton /tmp/triton --build build --out $J/sweep.json \
   --stub-prefix /tmp/stubenv --stop-at $stop_at --logs /tmp/logs --points "$points" \
   --profile-points "$profile" --step-requests 100 --profile-requests 100 --profile-levels 1,16) \
-  2>&1 | grep -v "^I1\|^W1" >$J/sweep.log
+  2>&1 | grep --line-buffered -v "^I1\|^W1" >$J/sweep.log
 echo "sweep done: \$(date +%T)"
 EOF
   setsid nohup bash -c "bash $J/job.sh >$J/job.log 2>&1; date +%s >$J/done" >/dev/null 2>&1 &

@@ -8,6 +8,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 GPU = Path(__file__).resolve().parents[3] / "bench" / "gpu"
 
 
@@ -125,31 +127,72 @@ def test_a_heavier_step_simulates_a_longer_first_audio() -> None:
 
 
 sweep = _load("sweep")
+loadgen = report.loadgen  # the module report.py imports (a dataclass needs sys.modules)
 
 
-def _ladder(outcomes: list[bool]) -> list[float]:
-    """The fractions a point's steps run at, given whether each met the SLO."""
-    fraction: float | None = sweep.UP[0]
-    ran, passed = [], False
-    for ok in outcomes:
-        assert fraction is not None, "the ladder stopped before the outcomes ran out"
-        ran.append(fraction)
-        fraction = sweep.next_fraction(fraction, ok, passed)
-        passed = passed or ok
-    assert fraction is None, f"the ladder would go on to {fraction}"
+def _search(start: int, passes: set[int]) -> list[int]:
+    """The rungs a point's steps run at when exactly the rungs in ``passes`` pass."""
+    outcomes: dict[int, bool] = {}
+    k: int | None = start
+    ran = []
+    while k is not None:
+        assert len(ran) < 20, "the search does not end"
+        ran.append(k)
+        outcomes[k] = k in passes
+        k = sweep.next_rung(outcomes, k)
     return ran
 
 
-def test_the_ladder_climbs_from_0_6_until_the_slo_is_missed() -> None:
-    assert _ladder([True, True, False]) == [0.6, 0.8, 0.95]
-    assert _ladder([True, True, True, True]) == [0.6, 0.8, 0.95, 1.1]
+def test_the_search_climbs_after_a_pass_until_the_rung_above_fails() -> None:
+    assert _search(2, {-4, -3, -2, -1, 0, 1, 2, 3}) == [2, 3, 4]
 
 
-def test_the_ladder_descends_when_0_6_misses_and_stops_at_the_first_pass() -> None:
-    assert _ladder([False, False, True]) == [0.6, 0.45, 0.3]
-    assert _ladder([False, False, False, False]) == [0.6, 0.45, 0.3, 0.15]
+def test_the_search_descends_after_a_failure_until_a_rung_passes() -> None:
+    assert _search(2, {-4, -3, -2, -1, 0}) == [2, 1, 0]
 
 
-def test_every_rung_has_its_own_fixed_seed() -> None:
-    assert len(set(sweep.SEEDS.values())) == len(sweep.UP) + len(sweep.DOWN)
-    assert [sweep.SEEDS[f] for f in sweep.UP] == [10, 11, 12, 13]  # runs before the descent
+def test_the_search_gives_up_below_the_lowest_rung() -> None:
+    assert _search(0, set()) == [0, -1, -2, -3, -4]
+
+
+def test_the_rungs_are_a_geometric_ladder_and_every_step_has_its_own_seed() -> None:
+    assert sweep.rung_rate(0) == 0.4 and sweep.rung_rate(2) == 0.625
+    assert all(sweep.rung(sweep.rung_rate(k)) == k for k in range(-4, 12))
+    seeds = {sweep.step_seed(r, i) for r in (1, 2, 3) for i in range(20)}
+    assert len(seeds) == 60  # a repeat replays no step's arrivals
+
+
+def test_the_attainment_interval_and_the_misses_a_decision_allows() -> None:
+    low, high = loadgen.wilson(99, 100)
+    assert 0.95 < low < 0.99 < high <= 1.0
+    assert loadgen.wilson(100, 100)[1] == 1.0
+    assert loadgen.misses_allowed(100, 0.95) == 1  # 98 of 100: lower bound 0.941
+    assert loadgen.wilson(98, 100)[0] < 0.95
+    assert loadgen.misses_allowed(20, 0.95) == -1  # 20 requests cannot show 95 %
+    assert loadgen.misses_allowed(200, 0.95) >= 4
+
+
+def test_the_percentile_refuses_fewer_than_20_samples() -> None:
+    with pytest.raises(loadgen.TooFewSamples):
+        loadgen.percentile([float(x) for x in range(19)], 95)
+    assert loadgen.percentile([float(x) for x in range(20)], 95) == 18.0
+    assert loadgen.percentile_or_none([1.0] * 13, 95) is None
+
+
+def test_a_searched_point_reports_its_decisive_steps_and_drops_the_samples() -> None:
+    step = {"rate_rps": 0.625, "requests": 100, "samples": [[0, 0.3, 5, 8, 0]]}
+    raw = {
+        "name": "a",
+        "params": {},
+        "requests": 250,
+        "lost_streams": 0,
+        "steps": [step],
+        "goodput_rps": 0.61,
+        "goodput_rate_rps": 0.625,
+        "bracketed": True,
+        "decisive": {"passed": {"rate_rps": 0.625}, "failed_above": {"rate_rps": 0.7812}},
+        "concurrency_profile": {"1": {"requests": 100, "samples": [[0, 0.3, 1, 1, 0]]}},
+    }
+    p = report.point(raw, 1000.0)
+    assert p["goodput_interval_rps"] == [0.625, 0.7812] and p["error_rate"] == 0.0
+    assert "samples" not in p["steps"][0] and "samples" not in p["concurrency_profile"]["1"]
