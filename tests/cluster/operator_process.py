@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,6 +45,13 @@ class OperatorProcess:
         self.log_path = log_dir / f"operator-{namespace}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.liveness_port: int | None = None
+        self.metrics_port: int | None = None
+
+    def with_metrics(self, port: int) -> OperatorProcess:
+        """Serve the operator's metrics on 127.0.0.1:`port` (read by requests_made)."""
+        self.metrics_port = port
+        self.args = (*self.args, "--metrics-port", str(port), "--metrics-address", "127.0.0.1")
+        return self
 
     def start(self, liveness_port: int | None = None) -> OperatorProcess:
         log = self.log_path.open("ab")
@@ -93,10 +102,35 @@ class OperatorProcess:
             return None
 
     def loop(self) -> dict[str, Any]:
-        """The control loop's report (requests made, passes, queue), waiting for it."""
+        """The control loop's report (requests made, passes, queue), waiting for it. kopf
+        answers the liveness endpoint from a copy up to 10 s old: for a count at a moment,
+        read requests_made()."""
         return wait_for(
             "the control loop's report", lambda: (self.health() or {}).get("controlLoop")
         )
+
+    def requests_made(self) -> Counter[tuple[str, str]]:
+        """The operator's own count of its requests to the API server, now, from its metrics
+        endpoint (cosyvoice_api_requests_total): (verb, resource) -> count, WATCH for watches.
+        """
+        assert self.metrics_port is not None, "started without a metrics port"
+
+        def scrape() -> str | None:
+            url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+            try:
+                with urllib.request.urlopen(url, timeout=3) as r:
+                    text: str = r.read().decode()
+                    return text
+            except OSError:
+                return None
+
+        found: Counter[tuple[str, str]] = Counter()
+        for line in wait_for("the operator's metrics", scrape).splitlines():
+            if line.startswith("cosyvoice_api_requests_total{"):
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+                count = int(float(line.rsplit(" ", 1)[1]))
+                found[(labels["verb"], labels["resource"])] += count
+        return found
 
     def log(self, whole: bool = False) -> str:
         try:

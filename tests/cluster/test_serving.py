@@ -5,23 +5,29 @@ real garbage collector, and no write in steady state."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import subprocess
+import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cosyvoice_operator.api import labels
+from cosyvoice_operator.devtools.localcluster.binaries import kubectl_path
 from tests.cluster.operator_process import (
     OperatorProcess,
     cache_claim,
+    free_port,
     get_json,
     service,
     wait_for,
 )
-from tests.cluster.test_control_loop import apiserver_requests
+from tests.cluster.test_control_loop import namespace_versions, operator_events
 from tests.conftest import Cluster
 
 L20 = {"nvidia.com/gpu.product": "NVIDIA-L20"}
@@ -181,77 +187,240 @@ def test_a_restricted_namespace_accepts_the_pods(cluster: Cluster, tmp_path: Pat
         cluster.kubectl("delete", "namespace", ns, "--wait=false")
 
 
+# kwok keeps a pod with this annotation Running and not Ready for the duration it gives
+# (devtools/localcluster/stages/pods.yaml): as a real serving pod, whose readiness probe
+# passes only once Triton has loaded its engines.
+READY_AFTER = "kwok.cosyvoice.dev/ready-after"
+
+
+@contextmanager
+def serving_pods_ready_after(cluster: Cluster, ns: str, delay: str) -> Iterator[None]:
+    """Every serving pod created in `ns` gets READY_AFTER: `delay`, from the API server's own
+    admission (a MutatingAdmissionPolicy, GA in Kubernetes 1.36: a CEL apply configuration,
+    no webhook), so nothing in the operator exists for this test."""
+    name = f"kwok-ready-after-{ns}"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["pods"],
+                    }
+                ]
+            },
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "Never",
+            "mutations": [
+                {
+                    "patchType": "ApplyConfiguration",
+                    "applyConfiguration": {
+                        "expression": "Object{metadata: Object.metadata{annotations: "
+                        f'{{"{READY_AFTER}": "{delay}"}}}}}}'
+                    },
+                }
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "objectSelector": {
+                    "matchLabels": {labels.COMPONENT_LABEL: labels.SERVING_COMPONENT}
+                },
+            },
+        },
+    }
+    cluster.apply(ns, json.dumps({"apiVersion": "v1", "kind": "List", "items": [policy, binding]}))
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "admission-probe",
+            "labels": {labels.COMPONENT_LABEL: labels.SERVING_COMPONENT},
+        },
+        "spec": {"containers": [{"name": "c", "image": "probe"}]},
+    }
+
+    def annotated() -> bool:
+        # The API server's policy informer takes a moment: a dry run says when it applies.
+        made = cluster.kubectl(
+            "create", "-n", ns, "--dry-run=server", "-o", "json", "-f", "-",
+            input=json.dumps(probe),
+        )  # fmt: skip
+        found = json.loads(made.stdout)["metadata"].get("annotations", {})
+        return bool(found.get(READY_AFTER) == delay)
+
+    try:
+        wait_for("the admission policy in effect", annotated, timeout=120)
+        yield
+    finally:
+        cluster.kubectl(
+            "delete", "mutatingadmissionpolicybinding,mutatingadmissionpolicy", name,
+            "--ignore-not-found",
+        )  # fmt: skip
+
+
+class DeploymentWatch:
+    """`kubectl get deployments --watch` of one service's Deployments: every version the API
+    server sends, in order, from its first listing on (a watch misses no state, where a poll
+    misses any that lasts less than its interval)."""
+
+    def __init__(self, cluster: Cluster, ns: str, name: str) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.proc = subprocess.Popen(
+            [
+                str(kubectl_path()), f"--kubeconfig={cluster.kubeconfig}",
+                "get", "deployments", "-n", ns, "-l", f"{SELECTOR}={name}",
+                "--watch", "--output-watch-events", "-o", "json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )  # fmt: skip
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        decoder, buffer = json.JSONDecoder(), ""
+        for line in self.proc.stdout:
+            buffer += line
+            try:
+                event, end = decoder.raw_decode(buffer.lstrip())
+            except ValueError:
+                continue  # the event's JSON is not complete yet
+            self.events.append(event)
+            buffer = buffer.lstrip()[end:]
+
+    def ready_over_time(self) -> list[tuple[int, int]]:
+        """After each event: (the service's pods, its Ready pods), summed over its
+        Deployments as their status says (replicas, readyReplicas)."""
+        latest: dict[str, dict[str, Any]] = {}
+        found = []
+        for event in list(self.events):
+            obj = event["object"]
+            if event["type"] == "DELETED":
+                latest.pop(obj["metadata"]["name"], None)
+            else:
+                latest[obj["metadata"]["name"]] = obj.get("status") or {}
+            found.append(
+                (
+                    sum(st.get("replicas", 0) for st in latest.values()),
+                    sum(st.get("readyReplicas", 0) for st in latest.values()),
+                )
+            )
+        return found
+
+    def latest(self) -> dict[str, Any] | None:
+        return self.events[-1]["object"] if self.events else None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.reader.join(timeout=10)
+
+
 def test_an_engine_change_serves_throughout_and_steady_state_writes_nothing(
     cluster: Cluster, ns: str, tmp_path: Path
 ) -> None:
     slow = {"COSYVOICE_BUILD_POD_ANNOTATIONS": json.dumps({"kwok.cosyvoice.dev/run-for": "6s"})}
-    op = OperatorProcess(cluster, ns, tmp_path, **slow).start()
+    op = OperatorProcess(cluster, ns, tmp_path, **slow).with_metrics(free_port()).start()
+    watch: DeploymentWatch | None = None
     try:
-        cluster.apply(ns, service("tts", replicas=2, serving={"nodeSelector": L20}))
-        old_key = wait_phase(cluster, ns, "tts", "Ready")["status"]["engines"][0]["key"]
-        cluster.kubectl(
-            "patch", "cvs", "tts", "-n", ns, "--type=merge",
-            "-p", json.dumps({"spec": {"engine": {"precision": "float16"}}}),
-        )  # fmt: skip
-        # While the new engine builds and the pods roll, a Ready pod is there at every look.
-        lowest = 99
-        deadline = time.monotonic() + 120
-        new_key = ""
-        while time.monotonic() < deadline:
-            lowest = min(lowest, len(ready_pods(cluster, ns, "tts")))
-            st = cvs(cluster, ns, "tts").get("status", {})
-            served = [e["engineKey"] for e in st.get("serving", [])]
-            if st.get("phase") == "Ready" and served and served[0] != old_key:
-                new_key = served[0]
-                break
-            time.sleep(0.3)
-        assert new_key, "the service never served the new engine"
-        assert lowest >= 1
-        keys = {
-            p["metadata"]["labels"]["tts.cosyvoice.dev/engine-key"]
-            for p in ready_pods(cluster, ns, "tts")
-        }
-        wait_for(
-            "the old pods gone",
-            lambda: (
-                {
-                    p["metadata"]["labels"]["tts.cosyvoice.dev/engine-key"]
-                    for p in pods(cluster, ns, "tts")
-                }
-                == {new_key}
-            ),
-            timeout=60,
-        )
-        del keys
+        with serving_pods_ready_after(cluster, ns, "5s"):
+            cluster.apply(ns, service("tts", replicas=2, serving={"nodeSelector": L20}))
+            old_key = wait_phase(cluster, ns, "tts", "Ready", timeout=120)["status"]["engines"][0][
+                "key"
+            ]
+            watch = DeploymentWatch(cluster, ns, "tts")
+            wait_for("the watch's listing", watch.latest, timeout=120)
+            cluster.kubectl(
+                "patch", "cvs", "tts", "-n", ns, "--type=merge",
+                "-p", json.dumps({"spec": {"engine": {"precision": "float16"}}}),
+            )  # fmt: skip
+
+            def served_new() -> str | None:
+                st = cvs(cluster, ns, "tts").get("status", {})
+                served = [e["engineKey"] for e in st.get("serving", [])]
+                new = st.get("phase") == "Ready" and served and served[0] != old_key
+                return served[0] if new else None
+
+            new_key = wait_for("the service serving the new engine", served_new, timeout=120)
+
+            def rolled_out() -> bool:
+                d = watch.latest() if watch else None
+                st = (d or {}).get("status") or {}
+                return bool(
+                    d
+                    and d["metadata"]["annotations"].get(labels.SERVED_KEY_ANNOTATION) == new_key
+                    and st.get("observedGeneration") == d["metadata"]["generation"]
+                    and st.get("replicas") == st.get("updatedReplicas") == 2
+                    and st.get("readyReplicas") == st.get("availableReplicas") == 2
+                )
+
+            wait_for("the rollout complete, as the watch saw it", rolled_out, timeout=120)
+            watch.stop()
+            over_time = watch.ready_over_time()
+            print("the Deployments' (pods, Ready pods) at each watch event:", over_time)
+            # A Ready pod at every version of the Deployments' status, from before the change
+            # to the end of the rollout...
+            assert min(ready for _, ready in over_time) >= 1, over_time
+            # ...while the new pods did wait for readiness: a pod not Ready was there (a rollout
+            # that dropped the old pods first would have left none Ready).
+            assert any(pods > ready for pods, ready in over_time), over_time
+            placed = pods(cluster, ns, "tts")
+            assert {p["metadata"]["labels"][labels.KEY_LABEL] for p in placed} == {new_key}
+            for pod in placed:
+                assert pod["metadata"]["annotations"][READY_AFTER] == "5s"
+                [cond] = [c for c in pod["status"]["conditions"] if c["type"] == "Ready"]
+                started = dt.datetime.fromisoformat(pod["status"]["startTime"])
+                became_ready = dt.datetime.fromisoformat(cond["lastTransitionTime"])
+                assert became_ready - started >= dt.timedelta(seconds=4), pod["status"]
 
         # The old engine is no longer used: the cleanup marks it (one write, once).
         def marked() -> bool:
             records = get_json(
-                cluster, "configmaps", "-n", ns, "-l", f"tts.cosyvoice.dev/engine-key={old_key}"
+                cluster, "configmaps", "-n", ns, "-l", f"{labels.KEY_LABEL}={old_key}"
             )["items"]
-            return bool(records) and "tts.cosyvoice.dev/unreferenced-since" in (
+            return bool(records) and labels.UNREFERENCED_ANNOTATION in (
                 records[0]["metadata"].get("annotations") or {}
             )
 
         wait_for("the old engine marked unreferenced", marked, timeout=120)
-        # Steady state: nothing the operator owns is written across a quiet stretch.
-        time.sleep(2)
-        before = apiserver_requests(cluster)
+
+        # Steady state: nothing written across a quiet stretch. Three views: the operator's
+        # own count of its requests (its metrics, read now: no other client's in it); its
+        # Events (and kopf's); and the objects of its kinds in the namespace, whoever might
+        # write them (read back by resourceVersion: other tests' namespaces do not count).
+        def writes_so_far() -> dict[tuple[str, str], int]:
+            return {k: v for k, v in op.requests_made().items() if k[0] not in ("WATCH", "GET")}
+
+        def at_rest() -> bool:
+            before = writes_so_far()
+            time.sleep(3)
+            return writes_so_far() == before
+
+        wait_for("the operator at rest", at_rest, timeout=120)
+        before, events = writes_so_far(), operator_events(cluster)
+        versions = namespace_versions(cluster, ns)
         time.sleep(10)
-        after = apiserver_requests(cluster)
-        # (Verbs the operator uses; the controllers' own status updates are PUTs.)
-        mine = {
-            "cosyvoiceservices/status", "deployments", "services", "poddisruptionbudgets",
-            "configmaps", "jobs", "events",
-        }  # fmt: skip
-        written = Counter(
-            {
-                k: v
-                for k, v in (after - before).items()
-                if k[0] in ("POST", "PATCH", "APPLY", "DELETE") and k[1] in mine
-            }
-        )
-        assert written == Counter(), written
+        made = {k: n - before.get(k, 0) for k, n in writes_so_far().items() if n != before.get(k)}
+        assert made == {}, f"the operator wrote in steady state: {made}"
+        assert operator_events(cluster) == events
+        assert namespace_versions(cluster, ns) == versions
     finally:
+        if watch is not None and watch.proc.poll() is None:
+            watch.stop()
         op.stop()
         print(op.log())
