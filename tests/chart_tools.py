@@ -36,10 +36,11 @@ NAMESPACED_RULES: set[Rule] = {
     ("", "pods", frozenset({"list", "watch"})),
     ("", "configmaps", frozenset({"list", "watch", "create", "patch", "delete"})),
     ("", "persistentvolumeclaims", frozenset({"list", "watch"})),
-    ("apps", "deployments", frozenset({"list", "watch", "patch", "delete"})),
-    ("", "services", frozenset({"list", "watch", "patch"})),
-    ("policy", "poddisruptionbudgets", frozenset({"list", "watch", "patch"})),
-    ("networking.k8s.io", "networkpolicies", frozenset({"list", "watch", "patch"})),
+    # Server-side applied; the first apply creates, which the API server authorizes as create.
+    ("apps", "deployments", frozenset({"list", "watch", "create", "patch", "delete"})),
+    ("", "services", frozenset({"list", "watch", "create", "patch"})),
+    ("policy", "poddisruptionbudgets", frozenset({"list", "watch", "create", "patch"})),
+    ("networking.k8s.io", "networkpolicies", frozenset({"list", "watch", "create", "patch"})),
     ("autoscaling", "horizontalpodautoscalers", frozenset({"list", "watch"})),
 }
 CLUSTER_RULES: set[Rule] = {
@@ -144,11 +145,12 @@ class Release:
     service_account: str
 
 
-def install(cluster: Cluster, helm: Path, *values: str) -> Release:
+def install(cluster: Cluster, helm: Path, *values: str, chart: Path = CHART) -> Release:
+    """`helm install` of the chart (its folder, or a packaged .tgz) into a new namespace."""
     name = f"cvo-{uuid.uuid4().hex[:6]}"
     namespace = cluster.namespace("chart")
     sets = [a for v in values for a in ("--set-json", v)]
-    run_helm(helm, "install", name, str(CHART), "--namespace", namespace, *sets, env=cluster.env)
+    run_helm(helm, "install", name, str(chart), "--namespace", namespace, *sets, env=cluster.env)
     # The full name is <release>-<chart> (the release name does not contain the chart's name).
     return Release(name, namespace, f"{name}-cosyvoice-operator")
 

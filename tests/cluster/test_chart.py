@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from tests.chart_tools import (
+    CHART,
     CLUSTER_RULES,
     DEFAULT_PREFIXES,
     L20,
@@ -38,36 +39,182 @@ from tests.chart_tools import (
     uninstall,
 )
 from tests.cluster.operator_process import OperatorProcess, cache_claim, get_json, wait_for
-from tests.conftest import Cluster
+from tests.conftest import REPO, Cluster
+
+REGISTRY = "registry.example.com/tts"
+
+
+def owned_by_release(cluster: Cluster, release: Release) -> list[str]:
+    """What is left in the release's namespace of its Deployment: ReplicaSets and pods."""
+    found = cluster.kubectl(
+        "get",
+        "replicasets,pods",
+        "-n",
+        release.namespace,
+        "-l",
+        f"app.kubernetes.io/instance={release.name}",
+        "-o",
+        "name",
+    )
+    return found.stdout.split()
 
 
 @pytest.mark.cluster
-def test_install_creates_the_objects_and_uninstall_removes_them(
-    cluster: Cluster, helm: Path
+def test_the_packaged_chart_installs_serves_upgrades_and_uninstalls_cleanly(
+    cluster: Cluster, helm: Path, tmp_path: Path
 ) -> None:
-    release = install(cluster, helm)
+    """Issue 33, item 4: `helm install` of the packaged chart (what the release pushes as an OCI
+    artifact; here the same `helm package` file) with every image under one registry
+    (`imageRegistry`), the example service applied, its objects checked on the API server,
+    `helm upgrade`, and `helm uninstall` leaving nothing but the CRD (and the users' services)."""
+    run_helm(helm, "package", str(CHART), "--destination", str(tmp_path))
+    package = tmp_path / "cosyvoice-operator-0.1.0.tgz"
+    served = cluster.namespace("chart-svc")
+    release = install(
+        cluster,
+        helm,
+        f"imageRegistry={json.dumps(REGISTRY)}",
+        f'imagePolicy={{"allowedPrefixes":["{REGISTRY}/"]}}',
+        f"watchNamespaces={json.dumps([served])}",
+        chart=package,
+    )
     full = release.service_account
-    objects = [
-        ("serviceaccount", full, "-n", release.namespace),
-        ("deployment", full, "-n", release.namespace),
-        ("clusterrole", full),
-        ("clusterrolebinding", full),
-        ("validatingadmissionpolicy", f"{full}-images"),
-        ("validatingadmissionpolicybinding", f"{full}-images"),
-        ("validatingadmissionpolicy", f"{full}-operator"),
-        ("validatingadmissionpolicybinding", f"{full}-operator"),
-    ]
-    for obj in objects:
-        assert exists(cluster, *obj), f"{obj[0]} {full} was not created"
-    listed = run_helm(helm, "list", "-n", release.namespace, "-o", "json", env=cluster.env)
-    [entry] = json.loads(listed.stdout)
-    assert entry["status"] == "deployed" and entry["app_version"] == "0.1.0"
+    op: OperatorProcess | None = None
+    try:
+        manifest = run_helm(
+            helm, "get", "manifest", release.name, "-n", release.namespace, env=cluster.env
+        ).stdout
+        created = [
+            (d["kind"], d["metadata"]["name"], d["metadata"].get("namespace"))
+            for d in yaml.safe_load_all(manifest)
+            if d
+        ]
+        kinds = {kind for kind, _, _ in created}
+        assert {
+            "ServiceAccount",
+            "Deployment",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        } <= kinds, kinds
+        for kind, name, namespace in created:
+            where = ["-n", namespace] if namespace else []
+            assert exists(cluster, kind.lower(), name, *where), f"{kind} {name} was not created"
+        listed = run_helm(helm, "list", "-n", release.namespace, "-o", "json", env=cluster.env)
+        [entry] = json.loads(listed.stdout)
+        assert entry["status"] == "deployed" and entry["app_version"] == "0.1.0"
 
-    uninstall(cluster, helm, release)
-    for obj in objects:
-        assert not exists(cluster, *obj), f"{obj[0]} {full} is left after helm uninstall"
-    # The CRD (and so every user's service) survives the uninstall.
-    assert exists(cluster, "crd", "cosyvoiceservices.tts.cosyvoice.dev")
+        # The operator's own image, as the API server holds it.
+        deployment = get_json(cluster, "deployment", full, "-n", release.namespace)
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == f"{REGISTRY}/cosyvoice-operator:0.1.0"
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        assert env["COSYVOICE_IMAGE_REGISTRY"] == REGISTRY
+
+        # The operator, with the installed Deployment's settings and its ServiceAccount's token
+        # (kwok plays pods: it cannot run the container), serving the example: the API server's
+        # policy on what that ServiceAccount creates admits only allowed images.
+        kubeconfig = service_account_kubeconfig(cluster, release, tmp_path / "kubeconfig")
+        cluster.apply(served, cache_claim())
+        op = OperatorProcess(cluster, served, tmp_path, KUBECONFIG=str(kubeconfig), **env).start()
+        cluster.apply(served, (REPO / "examples" / "cosyvoice2.yaml").read_text())
+
+        def workloads(kind: str, count: int) -> dict[str, list[str]] | None:
+            items = get_json(cluster, kind, "-n", served)["items"]
+            found = {
+                o["metadata"]["name"]: [
+                    c["image"] for c in o["spec"]["template"]["spec"]["containers"]
+                ]
+                for o in items
+            }
+            return found if len(found) >= count else None
+
+        try:
+            # One build Job per GPU architecture of the test nodes (L20: sm_89, H100: sm_90),
+            # then one serving Deployment per architecture once its engine is Ready.
+            jobs = wait_for("the example's build Jobs", lambda: workloads("jobs", 2), timeout=90)
+            deployments = wait_for(
+                "the example's serving Deployments",
+                lambda: workloads("deployments", 2),
+                timeout=120,
+            )
+        except AssertionError as exc:
+            status = get_json(cluster, "cvs", "cosyvoice2", "-n", served).get("status")
+            raise AssertionError(
+                f"{exc}\nstatus: {json.dumps(status)}\noperator log:\n{op.log()}"
+            ) from None
+        assert {i for images in jobs.values() for i in images} == {
+            f"{REGISTRY}/engine-builder:0.1.0-trtllm0.20.0"
+        }, jobs
+        assert {i for images in deployments.values() for i in images} == {
+            f"{REGISTRY}/cosyvoice-triton:0.1.0-trtllm0.20.0"
+        }, deployments
+        op.stop()
+        bad = [line for line in op.log(whole=True).splitlines() if FORBIDDEN.search(line)]
+        assert not bad, "the operator was refused something:\n" + "\n".join(bad[:20])
+
+        # An upgrade of the same package with a value changed: a new revision, the Deployment
+        # rolled to it (its controller observed the new generation), the images unchanged.
+        run_helm(
+            helm,
+            "upgrade",
+            release.name,
+            str(package),
+            "-n",
+            release.namespace,
+            "--reuse-values",
+            "--set",
+            "logFormat=json",
+            env=cluster.env,
+        )
+        [entry] = json.loads(
+            run_helm(helm, "list", "-n", release.namespace, "-o", "json", env=cluster.env).stdout
+        )
+        assert (entry["status"], entry["revision"]) == ("deployed", "2"), entry
+
+        def rolled() -> dict[str, Any] | None:
+            d: dict[str, Any] = get_json(cluster, "deployment", full, "-n", release.namespace)
+            generation = d["metadata"]["generation"]
+            new = generation > deployment["metadata"]["generation"]
+            return d if new and d["status"].get("observedGeneration") == generation else None
+
+        upgraded = wait_for("the upgraded Deployment observed", rolled, timeout=60)
+        [container] = upgraded["spec"]["template"]["spec"]["containers"]
+        assert container["args"][-2:] == ["--log-format", "json"], container["args"]
+        assert container["image"] == f"{REGISTRY}/cosyvoice-operator:0.1.0"
+
+        # Uninstall: every object of the release gone, and its Deployment's ReplicaSets and
+        # pods after it; the CRD stays (Helm never deletes CRDs), and so do users' services.
+        run_helm(
+            helm, "uninstall", release.name, "-n", release.namespace, "--wait", env=cluster.env
+        )
+        for kind, name, namespace in created:
+            where = ["-n", namespace] if namespace else []
+            assert not exists(cluster, kind.lower(), name, *where), f"{kind} {name} is left"
+        wait_for(
+            "the release's ReplicaSets and pods gone",
+            lambda: not owned_by_release(cluster, release) or None,
+            timeout=60,
+        )
+        assert (
+            run_helm(helm, "list", "-n", release.namespace, "-q", env=cluster.env).stdout.strip()
+            == ""
+        )
+        assert exists(cluster, "crd", "cosyvoiceservices.tts.cosyvoice.dev")
+        assert exists(cluster, "cvs", "cosyvoice2", "-n", served)
+    finally:
+        if op is not None:
+            op.stop()
+        run_helm(
+            helm, "uninstall", release.name, "-n", release.namespace, env=cluster.env, check=False
+        )
+        # The service goes now (no finalizer): the cluster-wide tests below want none left.
+        cluster.kubectl("delete", "cvs", "--all", "-n", served, "--wait=true", check=False)
+        for namespace in (served, release.namespace):
+            cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 def service_account_kubeconfig(cluster: Cluster, release: Release, path: Path) -> Path:
@@ -341,7 +488,11 @@ def qualified(group: str, resource: str) -> list[str]:
         ("patch", "events", "-n=default", False),
         ("list", "events", "-n=default", False),
         ("create", "events.events.k8s.io", "-n=default", False),
-        ("create", "deployments.apps", "-n=kube-system", False),
+        # (Deployments are created by server-side apply, which needs create: every namespace's
+        # with one ClusterRole; the operator's admission policy then refuses any Deployment
+        # without its managed-by label, tests/cluster/test_operator_policy.py.)
+        ("create", "deployments.apps", "-n=default", True),
+        ("create", "services", "-n=default", True),
         ("get", "deployments.apps", "-n=default", False),
         ("update", "deployments.apps", "-n=default", False),
         ("delete", "services", "-n=default", False),

@@ -121,21 +121,24 @@ informers, so there is no `get` anywhere, and it reads no Secret at all.
   verbs: ["list", "watch", "create", "patch", "delete"]
 # The serving workloads of each service, owned by it (the garbage collector removes them with
 # it): server-side applied (patch) only when what the operator renders changed; a Deployment
-# of an architecture the service no longer runs on is deleted.
+# of an architecture the service no longer runs on is deleted. The first apply creates the
+# object, which the API server authorizes as `create` too (without it: 403 "cannot create
+# resource", found by tests/cluster/test_chart.py's install check).
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "watch", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["list", "watch", "patch"]
-# Each service's NetworkPolicy (server-side applied; owned by the service, so the garbage
-# collector removes it with it): only labelled clients and the metrics scraper reach Triton.
+  verbs: ["list", "watch", "create", "patch"]
+# Each service's NetworkPolicy (server-side applied, created on first apply; owned by the
+# service, so the garbage collector removes it with it): only labelled clients and the metrics
+# scraper reach Triton.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 # Other autoscalers, followed by an informer: one that targets a service or its Deployments
 # while the operator's autoscaler runs is reported as ScalingConflict, never fought.
 - apiGroups: ["autoscaling"]
