@@ -149,7 +149,12 @@ def cosyvoice2_twin(
         work,
         COSYVOICE2_OURS,
         lambda text: set_parameters(text, paths),
-        env={"COSYVOICE_DEVICE_RECORD_DIR": str(records)},
+        env={
+            "COSYVOICE_DEVICE_RECORD_DIR": str(records),
+            # while work/llm-pause exists, the stand-in LLM holds each stream before its
+            # last step (test_twin's gauge test); absent, as for every other test, it does not
+            "COSYVOICE_TWIN_LLM_PAUSE_FILE": str(work / "llm-pause"),
+        },
     ) as server:
         yield CosyVoice2Twin(server, records, speaker, recording)
 

@@ -13,13 +13,18 @@ speaker's file, which the serving entrypoint's model view would hold).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from twins import FIRST_CHUNK_TOKENS, CosyVoice2Twin, debian_python, infer, stream
+
+from cosyvoice_operator.devtools.closedloop import cpu_twin
 
 
 def test_streams_complete_with_the_chunk_schedule_rendered(cosyvoice2_twin: CosyVoice2Twin) -> None:
@@ -50,20 +55,45 @@ def test_each_instance_runs_on_the_device_triton_gave_it(cosyvoice2_twin: CosyVo
             assert entry["kind"] == "CPU" and entry["device"] == "cpu", entry
 
 
+def active_streams(server: cpu_twin.TritonServer) -> list[float]:
+    """Every orchestrator instance's ``cosyvoice_active_streams`` gauge, as Triton serves it."""
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in server.metrics().splitlines()
+        if line.startswith("cosyvoice_active_streams{")
+    ]
+
+
+def wait_until(what: str, condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
 def test_the_orchestrator_reports_its_active_streams(cosyvoice2_twin: CosyVoice2Twin) -> None:
-    """After the streams, every instance's gauge reads 0. An instance sets it back to 0 when
-    its ``execute`` returns, just after it sent the stream's final response (a drain waits
-    that long more): the client may see the final response first, so the gauges are read
-    until they are all 0, for 10 s at most."""
-    deadline = time.monotonic() + 10
-    while True:
-        metrics = cosyvoice2_twin.server.metrics().splitlines()
-        lines = [line for line in metrics if line.startswith("cosyvoice_active_streams")]
-        if all(line.endswith(" 0") for line in lines) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert len(lines) == 4, lines  # one gauge per orchestrator instance (maxBatchSize 2 -> 4)
-    assert all(line.endswith(" 0") for line in lines), lines  # no stream left behind
+    """A stream held in flight counts 1 in its instance's gauge (the others 0), and once it
+    ended every gauge reads 0 again. Self-contained: the stream is this test's own, held by
+    the stand-in LLM while ``llm-pause`` exists in the twin's folder (``conftest``,
+    ``COSYVOICE_TWIN_LLM_PAUSE_FILE``), so no earlier test decides what is read. An instance
+    sets its gauge back to 0 when its ``execute`` returns, just after it sent the final
+    response (a drain waits that long more): the client may see the final response first,
+    so the gauges are read until they are all 0, for 60 s at most."""
+    server = cosyvoice2_twin.server
+    pause = server.work / "llm-pause"
+    wait_until("no stream of another test", lambda: active_streams(server) == [0.0] * 4)
+    assert len(active_streams(server)) == 4  # one per instance (maxBatchSize 2 -> 4)
+    pause.touch()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            playing = pool.submit(stream, server, ["A stream held in flight."], "cosyvoice2")
+            wait_until("the stream in a gauge", lambda: sum(active_streams(server)) == 1)
+            assert sorted(active_streams(server)) == [0.0, 0.0, 0.0, 1.0]
+        finally:
+            pause.unlink(missing_ok=True)
+        chunks = playing.result(timeout=300)["A stream held in flight."]
+    assert len(chunks) > 1  # it went on after the pause, to its end
+    wait_until("every gauge back to 0", lambda: active_streams(server) == [0.0] * 4)
 
 
 def test_the_reference_models_answer_what_upstreams_computation_gives(
@@ -110,3 +140,66 @@ def test_the_reference_models_answer_what_upstreams_computation_gives(
     again = {"reference_wav": wav, "reference_wav_len": np.array([[cut]], dtype=np.int32)}
     tokens = infer(triton_server, "audio_tokenizer", again, "prompt_speech_tokens")
     assert tokens.reshape(-1).tolist() == expected[cut]["tokens"]
+
+
+def grpc_inputs(values: dict[str, Any]) -> list[Any]:
+    import tritonclient.grpc as grpcclient
+
+    types = {np.int32: "INT32", np.float16: "FP16", np.float32: "FP32", np.bool_: "BOOL"}
+    out = []
+    for name, value in values.items():
+        tensor = grpcclient.InferInput(name, list(value.shape), types[value.dtype.type])
+        tensor.set_data_from_numpy(value)
+        out.append(tensor)
+    return out
+
+
+def test_token2wav_takes_a_streams_state_whole_or_not_at_all(
+    cosyvoice2_twin: CosyVoice2Twin,
+) -> None:
+    """Our ``token2wav`` keeps nothing between chunks (any instance serves any chunk): a
+    streamed chunk brings the vocoder state the chunk before returned, ``hift_cache_mel``,
+    ``_source`` and ``_speech``, all three (none for a stream's first chunk). Part of it, or a
+    state sent with an offline request (no ``token_offset``), is that request's error, and
+    the instance serves on: the next chunk with the whole state is synthesised. (This
+    replaces a test of the CPU twin's stand-in, which refused a chunk by per-instance state
+    that the deployed token2wav does not keep.)"""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from cosyvoice_serving_models.speakers import load_prompt
+
+    prompt_tokens, feat, embedding = load_prompt(cosyvoice2_twin.speaker).as_request_inputs()
+    tokens = np.random.default_rng(3).integers(0, 6561, size=(1, 43)).astype(np.int32)
+
+    def chunk(end: int, offset: int | None, finalize: bool, **state: Any) -> dict[str, Any]:
+        values = {
+            "target_speech_tokens": tokens[:, :end],
+            "prompt_speech_tokens": prompt_tokens,
+            "prompt_speech_feat": feat,
+            "prompt_spk_embedding": embedding,
+            **state,
+        }
+        if offset is not None:
+            values["token_offset"] = np.array([[offset]], dtype=np.int32)
+            values["finalize"] = np.array([[finalize]], dtype=np.bool_)
+        return values
+
+    client = grpcclient.InferenceServerClient(cosyvoice2_twin.server.grpc)
+    try:
+        first = client.infer("token2wav", grpc_inputs(chunk(18, 0, False)))
+        state = {
+            f"hift_cache_{part}": first.as_numpy(f"hift_next_{part}")
+            for part in ("mel", "source", "speech")
+        }
+        assert all(value is not None and value.size for value in state.values()), state
+        part = {"hift_cache_speech": state["hift_cache_speech"]}
+        with pytest.raises(InferenceServerException, match="a chunk's state needs all of"):
+            client.infer("token2wav", grpc_inputs(chunk(43, 15, True, **part)))
+        with pytest.raises(InferenceServerException, match="given to an offline request"):
+            client.infer("token2wav", grpc_inputs(chunk(43, None, True, **state)))
+        last = client.infer("token2wav", grpc_inputs(chunk(43, 15, True, **state)))
+        audio = last.as_numpy("waveform")
+        assert audio is not None and audio.size and np.isfinite(audio).all()
+    finally:
+        client.close()

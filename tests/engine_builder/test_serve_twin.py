@@ -11,9 +11,9 @@ check, its ``cosyvoice_active_streams`` gauge and its refusal are the ones a pod
 its ``model_dir`` and ``llm_tokenizer_dir`` point at the tiny synthetic release's files
 (``cpu_twin.write_orchestrator_files``), as in the closed loop (``PodServers._use_ours``).
 
-A stream is held in flight by the stand-in LLM (``tensorrt_llm``): with
-``COSYVOICE_TWIN_LLM_HOLD_FILE`` set it sends every step but its last, so the orchestrator
-has its first chunks out, then waits for the file.
+A stream is held in flight by the stand-in LLM (``tensorrt_llm``): while the file
+``COSYVOICE_TWIN_LLM_PAUSE_FILE`` names exists it sends every step but its last, so the
+orchestrator has its first chunks out, and waits for the file to be gone.
 
 Issue 19 item 6, a drain that drains: a stream mid-way when SIGTERM arrives completes, a
 stream started after it is refused with Triton's UNAVAILABLE (gRPC status 14, issue 31),
@@ -69,12 +69,12 @@ class Serving:
     """One ``cosyvoice-serve`` process, its ports and what it printed."""
 
     def __init__(
-        self, owner: Pod, process: subprocess.Popen[str], ports: list[int], hold: Path
+        self, owner: Pod, process: subprocess.Popen[str], ports: list[int], pause: Path
     ) -> None:
         self.pod = owner
         self.process = process
         self.http, self.grpc, self.metrics, self.health = ports
-        self.hold = hold
+        self.pause = pause
         self.lines: list[str] = []
         # Both pipes are read as they fill (Triton's log goes to them too).
         assert process.stdout is not None and process.stderr is not None
@@ -105,9 +105,13 @@ class Serving:
             reader.join(timeout=10)
         return code
 
+    def release(self) -> None:
+        """Streams held by the stand-in LLM go on, and new ones are not held."""
+        self.pause.unlink(missing_ok=True)
+
     def stop(self) -> None:
         """After a failure: SIGINT goes to Triton at once (no drain), then the process ends."""
-        self.hold.touch()
+        self.release()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
@@ -186,18 +190,19 @@ def started_serving(
         exit_timeout_seconds=30,
         **overrides,
     )
-    # A stream's last LLM step, after its first chunks, waits until this file exists.
-    hold = work / "llm-release"
+    # While this file exists, a stream's last LLM step, after its first chunks, waits.
+    pause = work / "llm-pause"
+    pause.touch()
     process = pod.start(
         argv[1:],
         module="cosyvoice_engine_builder.serving",
         TRITONSERVER=str(write_tritonserver(work)),
-        COSYVOICE_TWIN_LLM_HOLD_FILE=str(hold),
+        COSYVOICE_TWIN_LLM_PAUSE_FILE=str(pause),
         # Where our orchestrator's stub finds its package (as the serving image sets it).
         COSYVOICE_MODELS_PATH=str(cpu_twin.SERVING_MODELS),
     )
     running.append(process)
-    server = Serving(pod, process, ports, hold)
+    server = Serving(pod, process, ports, pause)
     try:
         wait_until("GET /ready to answer 200", lambda: server.ready_status() == 200, 120)
         yield server
@@ -211,7 +216,7 @@ def serving(pod: Pod, running: list[subprocess.Popen[str]]) -> Iterator[Serving]
         yield server
 
 
-# A held stream (COSYVOICE_TWIN_LLM_HOLD_FILE) is a stream whose LLM call hangs: every stub
+# A held stream (COSYVOICE_TWIN_LLM_PAUSE_FILE) is a stream whose LLM call hangs: every stub
 # alive, no progress.
 STALL_SECONDS = 3
 
@@ -254,7 +259,7 @@ def test_sigterm_lets_the_stream_in_flight_finish_and_refuses_new_ones(serving: 
         assert serving.active_streams() == 1
         assert not playing.done.is_set()
 
-        serving.hold.touch()
+        serving.release()
         assert playing.done.wait(60), serving.output()
         assert playing.errors == [], playing.errors
     finally:
@@ -290,7 +295,7 @@ def test_a_dead_python_stub_makes_the_pod_not_ready_until_triton_is_restarted(
     serving: Serving,
 ) -> None:
     """Issue 19 item 7: Triton itself stays ready with a dead stub; the pod does not."""
-    serving.hold.touch()
+    serving.release()
     triton_before = triton_pid(serving.process.pid)
     wait_until("the stubs to be recorded", lambda: "Python stub(s)" in serving.output())
     [orchestrator] = [s for s in stubs.stubs_of(triton_before) if s.instance == "cosyvoice2_0_0"]
@@ -341,7 +346,7 @@ def test_a_stream_that_makes_no_progress_makes_the_pod_not_ready_until_triton_is
             lambda: triton_restarted(stalling.process.pid, triton_before),
             120,
         )
-        stalling.hold.touch()  # the restarted Triton's streams run through
+        stalling.release()  # the restarted Triton's streams run through
         wait_until("GET /ready to answer 200 again", lambda: stalling.ready_status() == 200, 120)
         assert held.done.wait(60) and held.errors, "the held stream ends with the old Triton"
     finally:

@@ -265,9 +265,6 @@ def test_a_full_queue_refuses_at_once_and_priorities_get_their_own_policy(
         flows() as start,
     ):
         check_loaded_as_rendered(twin)
-        loaded = twin.server.model_config(MODEL)["dynamic_batching"]
-        assert int(loaded["priority_levels"]) == 2
-        assert int(loaded["priority_queue_policy"]["1"]["max_queue_size"]) == 8
         busy = occupy_every_instance(twin, start)
         waiting = start(twin.server.grpc, MODEL, "Queued sentence.")
         wait_for("one request queued", lambda: pending(twin) == 1, twin)

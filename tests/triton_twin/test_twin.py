@@ -25,7 +25,6 @@ import pytest
 import tritonclient.grpc as grpcclient
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
-from tritonclient.utils import InferenceServerException
 
 from cosyvoice_operator.api import spec
 from cosyvoice_operator.devtools.closedloop import cpu_twin
@@ -191,41 +190,32 @@ def twin(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Twin]:
 
 
 def check_loaded_as_rendered(twin: Twin) -> None:
-    """Triton loaded every model the operator rendered, with the operator's settings: its
-    loaded config (``/v2/models/<m>/config``, Triton's own reading and normalisation of the
-    file) against ``render.triton``'s output, field by field, for the fields that decide how
-    the model serves. The twin's one transform (``cpu_twin.to_cpu``: GPU instances on the
-    CPU, the LLM backend made Python) is applied to the expected side here, by hand."""
-    cpu = mc.ModelInstanceGroup.KIND_CPU
+    """Triton loaded every model the operator rendered, and added to each config what it adds.
+
+    What carries information here is ``model_ready``: Triton parsed and validated the file
+    (a config it rejects, as one with a preferred batch size above ``max_batch_size`` or a
+    priority level out of range, leaves the model unloaded) and the backend initialised every
+    instance. The rest of ``/v2/models/<m>/config`` is Triton's echo of the file: under
+    ``--disable-auto-complete-config`` it returns the file's own fields as written (checked
+    on the wheel's Triton 2.51 for both variants and a queue-policy service: parameters,
+    inputs, outputs, ``dynamic_batching``, instance kinds and counts, the decoupled policy all
+    came back unchanged), so comparing them with the rendered file would compare the file with
+    itself, and this does not. What Triton fills in is checked: each instance group named
+    ``<model>_<i>`` (``cosyvoice-serve``'s stub check and the orchestrators'
+    ``cosyvoice_active_streams`` label know an instance by the name Triton derives from it,
+    ``<model>_<i>_<j>``), the backend's ``model.py`` as the file it loads, and the latest
+    version alone served."""
     for name, text in twin.rendered.items():
         assert twin.server.model_ready(name), f"{name} not ready:\n{twin.server.log_tail()}"
         rendered = parse(text)
         loaded = json_format.ParseDict(
             twin.server.model_config(name), mc.ModelConfig(), ignore_unknown_fields=True
         )
-        backend = "python" if rendered.backend == "tensorrtllm" else rendered.backend
-        assert (loaded.name, loaded.backend) == (rendered.name, backend), name
-        assert loaded.max_batch_size == rendered.max_batch_size, name
-        assert (
-            loaded.model_transaction_policy.decoupled == rendered.model_transaction_policy.decoupled
-        ), name
-        # The twin's transform: KIND_GPU groups become KIND_CPU (without their GPU list);
-        # KIND_CPU groups (the orchestrator, TensorRT-LLM's) stay as they are.
-        assert [(g.count, g.kind, list(g.gpus)) for g in loaded.instance_group] == [
-            (g.count, cpu, []) for g in rendered.instance_group
+        assert [g.name for g in loaded.instance_group] == [
+            g.name or f"{name}_{i}" for i, g in enumerate(rendered.instance_group)
         ], name
-        assert loaded.HasField("dynamic_batching") == rendered.HasField("dynamic_batching"), name
-        # Preferred sizes, queue delay, priority levels and default, the default and
-        # per-priority queue policies (timeout, action, size), as rendered.
-        assert loaded.dynamic_batching == rendered.dynamic_batching, (
-            f"{name}: loaded {loaded.dynamic_batching} rendered {rendered.dynamic_batching}"
-        )
-        assert {k: v.string_value for k, v in loaded.parameters.items()} == {
-            k: v.string_value for k, v in rendered.parameters.items()
-        }, name
-        assert list(loaded.input) == list(rendered.input), name
-        assert list(loaded.output) == list(rendered.output), name
-        assert loaded.HasField("sequence_batching") == rendered.HasField("sequence_batching")
+        assert loaded.default_model_filename == "model.py", name
+        assert loaded.version_policy.latest.num_versions == 1, name
 
 
 def stream_through(twin: Twin, streams: int, per_stream: int) -> int:
@@ -284,34 +274,6 @@ def test_streams_arrive_complete_and_in_order(twin: Twin) -> None:
     assert count is not None and count >= requests, text
     queue = metric(text, "nv_inference_queue_duration_us", model)
     assert queue is not None and queue > 0, text
-
-
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("twin", [("cosyvoice2", True, 1)], indirect=True, ids=["cosyvoice2"])
-def test_cosyvoice2_token2wav_needs_a_streams_chunks_in_order(twin: Twin) -> None:
-    """Upstream's CosyVoice2 token2wav keeps per-stream state in its instance (so does the
-    stand-in): a chunk that does not continue its stream, as a chunk routed to another
-    instance would not, is refused."""
-    tokens = np.arange(40, dtype=np.int32).reshape(1, -1)
-    values: dict[str, tuple[Any, str]] = {
-        "target_speech_tokens": (tokens, "INT32"),
-        "prompt_speech_tokens": (tokens[:, :10], "INT32"),
-        "prompt_speech_feat": (np.zeros((1, 20, 80), dtype=np.float16), "FP16"),
-        "prompt_spk_embedding": (np.zeros((1, 192), dtype=np.float16), "FP16"),
-        "token_offset": (np.array([[15]], dtype=np.int32), "INT32"),
-        "finalize": (np.array([[False]]), "BOOL"),
-    }
-    inputs = []
-    for name, (value, dtype) in values.items():
-        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
-        tensor.set_data_from_numpy(value)
-        inputs.append(tensor)
-    client = grpcclient.InferenceServerClient(twin.server.grpc)
-    try:
-        with pytest.raises(InferenceServerException, match="expected 0"):
-            client.infer("token2wav", inputs, request_id=f"fresh-{uuid.uuid4().hex}")
-    finally:
-        client.close()
 
 
 @pytest.mark.timeout(240)
