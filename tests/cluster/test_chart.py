@@ -113,6 +113,10 @@ def test_the_packaged_chart_installs_serves_upgrades_and_uninstalls_cleanly(
         assert container["image"] == f"{REGISTRY}/cosyvoice-operator:0.1.0"
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         assert env["COSYVOICE_IMAGE_REGISTRY"] == REGISTRY
+        notes = run_helm(
+            helm, "get", "notes", release.name, "-n", release.namespace, env=cluster.env
+        ).stdout
+        assert f"The image is {REGISTRY}/cosyvoice-operator:0.1.0." in notes, notes
 
         # The operator, with the installed Deployment's settings and its ServiceAccount's token
         # (kwok plays pods: it cannot run the container), serving the example: the API server's

@@ -42,6 +42,29 @@ app.kubernetes.io/part-of: cosyvoice-operator
 {{- end }}
 {{- end }}
 
+{{/* imageRegistry without a trailing "/" ("" when unset). */}}
+{{- define "cosyvoice-operator.imageRegistry" -}}
+{{- trimSuffix "/" (toString (.Values.imageRegistry | default "")) }}
+{{- end }}
+
+{{/*
+The operator's image: image.repository, moved to imageRegistry when set (what comes before its
+last "/" replaced, as the operator moves its builder and serving images: shell/config.py
+rebase_image), by digest when image.digest is set, else by tag.
+*/}}
+{{- define "cosyvoice-operator.image" -}}
+{{- $registry := include "cosyvoice-operator.imageRegistry" . }}
+{{- $repository := .Values.image.repository }}
+{{- if $registry }}
+{{- $repository = printf "%s/%s" $registry (last (splitList "/" $repository)) }}
+{{- end }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
 {{- define "cosyvoice-operator.peeringName" -}}
 {{- default (include "cosyvoice-operator.fullname" .) .Values.peering.name }}
 {{- end }}
