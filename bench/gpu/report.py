@@ -136,6 +136,46 @@ def point(raw: dict[str, Any], slo_ms: float) -> dict[str, Any]:
     }
 
 
+def markdown(points: list[dict[str, Any]]) -> str:
+    """Issue 32's table: per searched point, the goodput with its interval and the decisive
+    steps' sizes and attainment intervals (Wilson, 90 % two-sided)."""
+
+    def step(d: dict[str, Any] | None) -> str:
+        if not d:
+            return "-"
+        low, high = d["attainment_wilson90"]
+        cut = ", curtailed" if d.get("curtailed") else ""
+        return (
+            f"{d['rate_rps']:.3f}/s: {d['good_requests']}/{d['requests']} on time "
+            f"[{low:.3f}, {high:.3f}]{cut}"
+        )
+
+    rows = [
+        "| point (orch, t2w inst, delay, mbs) | goodput req/s (interval) | passed step | "
+        "failed step above | p95 first chunk at goodput | lost / requests | ready s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        if "decisive" not in p:
+            continue
+        q = p["params"]
+        name = f"{q['orchestratorPerGpu']}, {q['instancesPerGpu']}, {q['maxQueueDelayUs']} us, "
+        name += f"{q['maxBatchSize']}" + (
+            f" (repeat {p['repeat']})" if p.get("repeat", 1) > 1 else ""
+        )
+        interval = p.get("goodput_interval_rps")
+        shown = f"{p['goodput_rps']:.3f}" + (
+            f" [{interval[0]:.3f}, {interval[1]:.3f})" if interval else " (not bracketed)"
+        )
+        decisive = p.get("decisive") or {}
+        rows.append(
+            f"| {name} | {shown} | {step(decisive.get('passed'))} | "
+            f"{step(decisive.get('failed_above'))} | {p.get('p95_first_chunk_ms')} ms | "
+            f"{p['lost_streams']} / {p['requests']} | {p.get('ready_s')} |"
+        )
+    return "\n".join(rows)
+
+
 def one_device(raws: list[dict[str, Any]]) -> str | None:
     """Why these raw runs cannot be merged (latencies on different cards, or a different SLO,
     are not repeats of one another), or None when they can."""
@@ -312,6 +352,8 @@ def main() -> int:
             f"lost {p['lost_streams']}/{p['requests']}"
         )
     print("operator choice:", json.dumps(report["operator_choice"]))
+    if any("decisive" in p for p in points):
+        print(markdown(points))
     return 0
 
 
