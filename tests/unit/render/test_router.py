@@ -114,7 +114,7 @@ def test_static_servers() -> None:
     "bad", ["127.0.0.2:8001", "127.0.0.2:x:8000", ":8001:8000", "h:0:8000", "h:1:2:3:4"]
 )
 def test_a_bad_static_server_is_refused(bad: str) -> None:
-    with pytest.raises(ValueError, match="host:grpc_port:http_port|1-65535"):
+    with pytest.raises(ValueError, match=r"host:grpc_port:http_port|1-65535"):
         StaticServer.parse(bad)
 
 
@@ -124,6 +124,11 @@ def test_a_bad_static_server_is_refused(bad: str) -> None:
 def test_limits_below_one_are_refused(field: str, value: int) -> None:
     args = {"slots_per_server": 1, "server_slots": 1, "queue_timeout_ms": 1, field: value}
     with pytest.raises(ValueError, match=field):
-        RouterConfig(servers=ServerSource.of(["h:1:2"]), **args)
+        RouterConfig(
+            ServerSource.of(["h:1:2"]),
+            args["slots_per_server"],
+            args["server_slots"],
+            args["queue_timeout_ms"],
+        )
     with pytest.raises(ValueError, match="servers"):
         RouterConfig(ServerSource(), 1, 1, 1)
