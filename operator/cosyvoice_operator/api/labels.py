@@ -58,6 +58,9 @@ BUILD_COMPONENT = "engine-build"
 CLEANUP_COMPONENT = "engine-cleanup"
 SERVING_NAME = "cosyvoice-triton"
 SERVING_COMPONENT = "serving"
+# The router of a service (issue 30): its Deployment, pods and objects carry the service's
+# labels with this component.
+ROUTER_COMPONENT = "router"
 
 # Build Jobs and engine records (cleanup Jobs replace the component with CLEANUP_COMPONENT).
 COMPONENT_LABELS = {
