@@ -59,6 +59,11 @@ _DEFAULTS: dict[str, Any] = {
         },
         "prometheusUrl": "",
     },
+    "routing": {
+        "mode": "Router",
+        "router": {"replicas": 2, "queueTimeoutSeconds": 0, "image": "", "resources": {}},
+        "gateway": {},
+    },
 }
 
 

@@ -517,6 +517,27 @@ INVALID_SPECS: list[tuple[str, Json, list[str]]] = [
         {"speakers": {"default": {"audioUri": "pvc://voices/a.wav", "transcript": "  "}}},
         ["spec.speakers.default.transcript must be what the audio says"],
     ),
+    # --- routing
+    (
+        "routing-mode-unknown",
+        {"routing": {"mode": "RoundRobin"}},
+        ["spec.routing.mode", "Unsupported value"],
+    ),
+    (
+        "routing-router-replicas-zero",
+        {"routing": {"router": {"replicas": 0}}},
+        ["spec.routing.router.replicas", "greater than or equal to 1"],
+    ),
+    (
+        "routing-gateway-without-parents",
+        {"routing": {"mode": "GatewayAPI"}},
+        ["spec.routing.gateway.parentRefs needs at least one Gateway"],
+    ),
+    (
+        "routing-gateway-parent-without-name",
+        {"routing": {"mode": "GatewayAPI", "gateway": {"parentRefs": [{"kind": "Gateway"}]}}},
+        ["spec.routing.gateway.parentRefs[0].name", "Required value"],
+    ),
 ]
 
 

@@ -64,6 +64,11 @@ TIMEOUT_ACTIONS = ("Reject", "Delay")
 HOP_GROWTHS = ("exponential", "equal", "time-based")
 # Upstream's token_hop_len: 15 speech tokens (0.6 s at 25 Hz) in the first chunk.
 UPSTREAM_FIRST_CHUNK_TOKENS = 15
+# spec.routing.mode: how clients reach the Triton pods (docs/concepts/routing.md).
+ROUTER = "Router"  # the operator's HAProxy: one fleet queue, least-loaded per stream
+SERVICE = "Service"  # a ClusterIP Service straight to the pods (kube-proxy: per connection)
+GATEWAY_API = "GatewayAPI"  # a GRPCRoute and Envoy Gateway's BackendTrafficPolicy
+ROUTING_MODES = (ROUTER, SERVICE, GATEWAY_API)
 _URI = re.compile(r"^(hf|s3|pvc)://([^/\s]+)/(\S+)$")
 _DOT_SEGMENT = re.compile(r"(^|/)\.\.?(/|$)")
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/+=-]{0,255}$")
@@ -235,6 +240,30 @@ class SpeakersSpec:
 
 
 @dataclass(frozen=True)
+class RouterSpec:
+    """The router of mode Router: HAProxy pods in front of the Triton pods."""
+
+    replicas: int = 2  # each gets floor(slots / replicas) streams of every Triton pod
+    queue_timeout_seconds: int = 0  # 0: derived from the first-audio SLO
+    image: str = ""  # "": the operator's configured default
+    resources: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GatewaySpec:
+    """Mode GatewayAPI: the Gateways the rendered GRPCRoute attaches to."""
+
+    parent_refs: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class RoutingSpec:
+    mode: str = ROUTER
+    router: RouterSpec = RouterSpec()
+    gateway: GatewaySpec = GatewaySpec()
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     model: ModelSpec
     engine: EngineSpec
@@ -242,11 +271,11 @@ class ServiceSpec:
     replicas: int
     autoscaling: AutoscalingSpec
     speakers: SpeakersSpec = SpeakersSpec()
+    routing: RoutingSpec = RoutingSpec()
 
 
-def _resources(s: Mapping[str, Any]) -> dict[str, Any]:
+def _resources(s: Mapping[str, Any], path: str = "spec.serving.resources") -> dict[str, Any]:
     raw = s.get("resources") or {}
-    path = "spec.serving.resources"
     quantity: Shape = ("str", 64)
     if not isinstance(raw, Mapping):
         raise SpecError(path, "must be an object")
@@ -361,7 +390,47 @@ def parse(spec: Mapping[str, Any]) -> ServiceSpec:
         replicas=integer(spec, "replicas", "spec", 1, 0, 10**4),
         autoscaling=autoscaling,
         speakers=_speakers(obj(spec, "speakers", "spec")),
+        routing=_routing(obj(spec, "routing", "spec")),
     )
+
+
+# A Gateway API ParentReference (gateway.networking.k8s.io/v1): the bounds of its CRD.
+_PARENT_REF: Shape = (
+    "obj",
+    {
+        "group": ("str", 253),
+        "kind": ("str", 63),
+        "namespace": ("str", 63),
+        "name": ("str", 253),
+        "sectionName": ("str", 253),
+        "port": ("int", 1, 65535),
+    },
+    ("name",),
+)
+MAX_ROUTER_REPLICAS = 16
+
+
+def _routing(r: Mapping[str, Any]) -> RoutingSpec:
+    path = "spec.routing"
+    mode = enum(r, "mode", path, ROUTING_MODES, ROUTER)
+    raw_router = obj(r, "router", path)
+    where = f"{path}.router"
+    router = RouterSpec(
+        replicas=integer(raw_router, "replicas", where, 2, 1, MAX_ROUTER_REPLICAS),
+        queue_timeout_seconds=integer(raw_router, "queueTimeoutSeconds", where, 0, 0, 3600),
+        image=image(raw_router, "image", where),
+        resources=_resources(raw_router, f"{where}.resources"),
+    )
+    raw_gateway = obj(r, "gateway", path)
+    refs = raw_gateway.get("parentRefs") or []
+    check_shape(refs, shape_list(_PARENT_REF, 32), f"{path}.gateway.parentRefs")
+    if mode == GATEWAY_API and not refs:
+        raise SpecError(
+            f"{path}.gateway.parentRefs",
+            "needs at least one Gateway with spec.routing.mode GatewayAPI (the GRPCRoute "
+            "attaches to it)",
+        )
+    return RoutingSpec(mode, router, GatewaySpec(tuple(dict(ref) for ref in refs)))
 
 
 MAX_TRANSCRIPT = 2000
