@@ -11,7 +11,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from cosyvoice_operator.api import pod_profiles
-from cosyvoice_operator.devtools.sim.plant import ServiceModel
+from cosyvoice_operator.devtools.sim.plant import (
+    ROUND_ROBIN,
+    ROUTINGS,
+    SPREAD_RANDOM,
+    SPREADS,
+    RouterModel,
+    ServiceModel,
+)
 
 DEFAULT_TRACE_ENV = "COSYVOICE_SIM_TRACE"
 
@@ -129,6 +136,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--first-chunk-per-stream", type=float, help="seconds per other stream (L20: 0.296)"
     )
+    p.add_argument(
+        "--routing",
+        choices=ROUTINGS,
+        default=ROUND_ROBIN,
+        help="how streams reach the pods (default %(default)s: a Service; router: the "
+        "operator's HAProxy, one FIFO over the fleet's slots; p2c: Envoy's LeastRequest)",
+    )
+    p.add_argument(
+        "--router-replicas", type=_positive(int), default=1, help="router replicas (default 1)"
+    )
+    p.add_argument(
+        "--router-spread",
+        choices=SPREADS,
+        default=SPREAD_RANDOM,
+        help="how streams reach the router replicas (default %(default)s)",
+    )
+    p.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=0.0,
+        help="the router's timeout queue in seconds (default 0: the first-audio SLO)",
+    )
     p.add_argument("--jobs", type=int, default=0, help="worker processes (0: every CPU)")
     p.add_argument(
         "--small",
@@ -211,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
             prometheus=PrometheusModel(args.scrape_interval, args.rate_window, args.metrics_lag),
             cold_start_s=args.cold_start,
             slo_s=args.slo,
+            routing=args.routing,
+            router=RouterModel(args.router_replicas, args.router_spread, args.queue_timeout),
         )
         exp = replace(exp, config=config, jobs=args.jobs)
         # Read every trace once here, so that a bad file is one clear line, not a worker's

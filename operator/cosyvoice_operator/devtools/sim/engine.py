@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import math
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cosyvoice_operator.devtools.sim.plant import (
     ROUND_ROBIN,
+    ROUTER,
     Plant,
     Prometheus,
     PrometheusModel,
+    RouterModel,
     ServiceModel,
 )
 from cosyvoice_operator.devtools.sim.policies import PHASE_S, Controller
@@ -42,7 +44,30 @@ class SimConfig:
     initial_replicas: int = 1
     warmup_s: float = 600.0
     give_up_s: float = 30.0  # a client stops waiting for a request that has not started
-    routing: str = ROUND_ROBIN  # or LEAST_LOADED (`plant.ROUTINGS`): a what-if
+    # How streams reach the pods (`plant.ROUTINGS`): round-robin behind a Service (the default
+    # and every result recorded before issue 30), least-loaded (a what-if), the operator's
+    # router (with `router`), Envoy's P2C.
+    routing: str = ROUND_ROBIN
+    router: RouterModel = field(default_factory=RouterModel)  # routing "router" only
+
+    def router_model(self) -> RouterModel:
+        """The router with its queue timeout resolved (0: the first-audio SLO)."""
+        if self.router.queue_timeout_s:
+            return self.router
+        return replace(self.router, queue_timeout_s=self.slo_s)
+
+    def routing_json(self) -> dict[str, object]:
+        """The routing as every run's JSON names it."""
+        if self.routing != ROUTER:
+            return {"mode": self.routing}
+        r = self.router_model()
+        return {
+            "mode": self.routing,
+            "router_replicas": r.replicas,
+            "spread": r.spread,
+            "queue_timeout_s": r.queue_timeout_s,
+            "slots_per_pod_per_replica": r.slots_per_pod(self.service.slots),
+        }
 
 
 @dataclass(frozen=True)
@@ -70,6 +95,7 @@ class Outcome:
     minutes_in_violation: int  # minutes in which more than 1 % missed the SLO
     max_replicas: int
     timeline: tuple[Minute, ...]
+    refused: int = 0  # streams the router's queue timeout refused (counted as misses)
 
 
 # The fewest samples a reported percentile (p50, p95, p99 of latencies) is taken from: below
@@ -115,7 +141,18 @@ def played(trace: Trace, warmup_s: float) -> tuple[list[float], list[float], flo
 def simulate(trace: Trace, controller: Controller, config: SimConfig) -> Outcome:
     static = controller.policy == "static"
     initial = int(controller.params["replicas"]) if static else config.initial_replicas
-    plant = Plant(config.service, config.cold_start_s, initial, config.give_up_s, config.routing)
+    # The router's random draws follow the trace (its arrivals are the seed's draws).
+    seed = hash((len(trace.arrivals), trace.arrivals[0] if trace.arrivals else 0.0))
+    plant = Plant(
+        config.service,
+        config.cold_start_s,
+        initial,
+        config.give_up_s,
+        config.routing,
+        config.router_model(),
+        seed,
+    )
+    routed = config.routing == ROUTER
     arrivals, audio, warm, head = played(trace, config.warmup_s)
     prom = Prometheus(config.prometheus, [(a + warm, b + warm) for a, b in trace.outages])
     scrape_every = config.prometheus.scrape_interval_s
@@ -125,7 +162,7 @@ def simulate(trace: Trace, controller: Controller, config: SimConfig) -> Outcome
     slo = config.slo_s
     minute_lat: list[float] = []
     timeline: list[Minute] = []
-    events = reversals = missing_downs = 0
+    events = reversals = missing_downs = refused_in_warmup = 0
     last_direction = 0
     peak = initial
     i = 0
@@ -139,6 +176,10 @@ def simulate(trace: Trace, controller: Controller, config: SimConfig) -> Outcome
         plant.tick(now)
         if now >= next_scrape:
             prom.scrape(now, plant.pods)
+            if routed:
+                prom.scrape_router(
+                    now, plant.router_queue(now), plant.router_sessions(now), plant.router_streams
+                )
             next_scrape += scrape_every
         if controller.samples_pods:
             controller.observe(now, float(plant.in_system(now)))
@@ -170,6 +211,7 @@ def simulate(trace: Trace, controller: Controller, config: SimConfig) -> Outcome
                 minute_lat.append(latency)
             i += 1
         if second == first_scored - 1:
+            refused_in_warmup = plant.refused
             plant.start_accounting(end)
             peak = len(plant.live())
         minute_done = (second - first_scored) % 60 == 59 or second == seconds - 1
@@ -185,6 +227,7 @@ def simulate(trace: Trace, controller: Controller, config: SimConfig) -> Outcome
     while i < n:  # arrivals at the very end
         latencies.append(plant.dispatch(arrivals[i], audio[i]))
         i += 1
+    refused_scored = plant.refused - refused_in_warmup
     ordered = sorted(latencies)
     met = sum(1 for x in latencies if x <= slo)
     violations = _violation_minutes(trace, latencies, slo)
@@ -202,6 +245,7 @@ def simulate(trace: Trace, controller: Controller, config: SimConfig) -> Outcome
         minutes_in_violation=violations,
         max_replicas=peak,
         timeline=tuple(timeline),
+        refused=refused_scored,
     )
 
 

@@ -37,14 +37,15 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from cosyvoice_operator.api.spec import AutoscalingSpec, ScaleRule, SloSpec
 from cosyvoice_operator.autoscaling import policy as scaling
+from cosyvoice_operator.autoscaling import sample as scaling_sample
 from cosyvoice_operator.devtools.sim import hpa as hpa_model
 from cosyvoice_operator.devtools.sim import kpa as kpa_model
-from cosyvoice_operator.devtools.sim.plant import Plant, Prometheus
+from cosyvoice_operator.devtools.sim.plant import ROUTER, Plant, Prometheus, RouterView
 
 EPOCH = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)  # a Monday; the policy needs aware times
 PHASE_S = 5.0  # controllers evaluate 5 s after the scrapes they read (they are not aligned)
@@ -114,7 +115,8 @@ class Ours(_Base):
         moment = EPOCH + dt.timedelta(seconds=now)
         views = [prom.view(now, p.name) for p in plant.live() if p.ready_at <= now]
         fresh = [v for v in views if v is not None]
-        if not fresh:
+        router = prom.router_view(now) if plant.routing == ROUTER else None
+        if not fresh or (plant.routing == ROUTER and router is None):
             return scaling.Observation(
                 moment,
                 False,
@@ -130,6 +132,8 @@ class Ours(_Base):
         queue_us = sum(v.queue_us_rate for v in fresh)
         request_us = sum(v.request_us_rate for v in fresh)
         pending = sum(v.pending for v in fresh)
+        if router is not None:
+            return _behind_router(moment, router, completions, pending, plant)
         return scaling.Observation(
             time=moment,
             available=True,
@@ -154,6 +158,61 @@ class Ours(_Base):
         )
         self.history = decision.history
         return Verdict(decision.replicas, missing=not decision.metrics_available)
+
+
+def _behind_router(
+    moment: dt.datetime,
+    router: RouterView,
+    completions: float,
+    triton_pending: float,
+    plant: Plant,
+) -> scaling.Observation:
+    """Behind the router, Triton's queue stays quiet (the router never gives a pod more
+    streams than its slots): the wait is in the router's queue.
+
+    Where the policy reads the router's figures itself (`Observation.router`, a
+    `sample.RouterSample`: rule 4c), they are given there as the operator's source reads
+    them: streams on the pods and queued now, streams arriving per second, each pod's slots
+    summed over the routers, the Ready pods. Where it does not (before that input), they are
+    given in Triton's terms: waiting = the router's queue now, in flight = its sessions plus
+    its queue (averaged over the rate window), queue latency = the mean queue over the
+    completion rate (Little's law; HAProxy's queue-time average is not used, issue 30)."""
+    queue = router.mean_queue
+    in_flight = router.mean_sessions + queue
+    extra: dict[str, object] = {}
+    reading = getattr(scaling_sample, "RouterSample", None)
+    if reading is not None and "router" in {f.name for f in fields(scaling.Observation)}:
+        model = plant.router
+        extra["router"] = reading(
+            available=True,
+            unavailable_reason="",
+            message="",
+            in_flight=router.sessions,
+            queued=router.queue,
+            stream_rate=router.stream_rate,
+            slots_per_pod=float(model.replicas * model.slots_per_pod(plant.model.slots)),
+            active_servers=float(len(plant.routable)),
+            routers_seen=model.replicas,
+        )
+    return scaling.Observation(
+        time=moment,
+        available=True,
+        unavailable_reason="",
+        message="",
+        queue_latency_ms=1e3 * queue / max(completions, 1e-6) if queue else 0.0,
+        pending_requests=router.queue + triton_pending,
+        in_flight=in_flight,
+        completion_rate=completions,
+        no_traffic=completions == 0 and in_flight == 0 and router.queue == 0,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def reads_router_sample() -> bool:
+    """Whether the policy takes the router's reading itself (rule 4c)."""
+    return getattr(scaling_sample, "RouterSample", None) is not None and "router" in {
+        f.name for f in fields(scaling.Observation)
+    }
 
 
 @dataclass

@@ -151,6 +151,7 @@ def to_json(result: Result) -> dict[str, Any]:
     chosen_keys = {(p, _key(s.params)) for p, s in result.chosen.items()}
     oracle_keys = {(t, p, _key(s.params)) for (t, p), s in result.oracle.items()}
     runs = []
+    routing = exp.config.routing_json()
     for r in result.runs:
         key = _key(r.params)
         if (r.policy, key) in chosen_keys and r.trace != exp.train.name:
@@ -182,6 +183,8 @@ def to_json(result: Result) -> dict[str, Any]:
                 "minutes_in_violation": o.minutes_in_violation,
                 "max_replicas": o.max_replicas,
                 "requests": o.requests,
+                "refused": o.refused,
+                "routing": routing,
             }
         )
     bounds = [
@@ -206,6 +209,7 @@ def to_json(result: Result) -> dict[str, Any]:
                 "service": asdict(exp.config.service),
                 "prometheus": asdict(exp.config.prometheus),
                 "goal_attainment": GOAL_ATTAINMENT,
+                "routing": routing,
             },
             "train_mean_load_pods": round(result.train_load_pods, 3),
             "initial_replicas": result.initial,
