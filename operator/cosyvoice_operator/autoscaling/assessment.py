@@ -24,10 +24,13 @@ from cosyvoice_operator.autoscaling.queueing import (
     MAX_SLOTS,
     fitted_slots,
     miss_probability,
+    pooled_replicas_for,
+    pooled_replicas_for_miss,
     queue_seconds,
     replicas_for,
     replicas_for_miss,
 )
+from cosyvoice_operator.autoscaling.sample import RouterSample
 from cosyvoice_operator.autoscaling.seasonal import Season, outlook
 
 if TYPE_CHECKING:  # policy holds the vocabulary and imports this module
@@ -41,6 +44,10 @@ LATENCY_ONLY_MAX_RATIO = 2.0
 # The SLO forecast extends a rising trend only when its slope is this many standard errors
 # above 0.
 TREND_SIGNIFICANCE = 2.0
+# Behind the router: a queue above 0 for this many consecutive evaluations asks for more pods
+# on its own (rule 4c). At the default 15 s interval, 30 s of streams waiting: longer than a
+# burst the pooled model absorbs, shorter than a pod's cold start.
+ROUTER_QUEUE_EVALUATIONS = 3
 
 
 @dataclass
@@ -56,6 +63,7 @@ class Assessment:
     predict_ms: Callable[[int], float] | None = None  # queue latency predicted on n replicas
     numbers: dict[str, Number] = field(default_factory=dict)
     arrivals: float | None = None  # the demand seen, requests/s (kept for the SLO forecast)
+    router_queued: float | None = None  # streams queued in the router (rule 4c)
 
 
 @dataclass
@@ -91,6 +99,8 @@ def assess(
     profile, for SLO sizing)."""
     current, ready = fleet.current, fleet.ready
     remembered = next((r.slots_per_pod for r in reversed(kept) if r.slots_per_pod), None)
+    if obs.router is not None:
+        return router_assessment(spec, obs, fleet, (kept, season), now, remembered)
     if obs.no_traffic:
         return Assessment(
             raw=0,
@@ -567,3 +577,268 @@ def count_text(value: float) -> str:
 
 def nonnegative(value: float | None) -> float:
     return max(0.0, value) if value is not None else 0.0
+
+
+# ---- behind the router (rule 4c) ----------------------------------------------------------
+
+
+def router_text(r: RouterSample, ready: int, slots: int | None = None) -> str:
+    """The router's figures as the reasons name them."""
+    in_flight, queued = nonnegative(r.in_flight), nonnegative(r.queued)
+    text = (
+        f"router: {count_text(in_flight)} streams in flight + {count_text(queued)} queued "
+        f"over {ready} pods"
+    )
+    if slots:
+        text += f" x {slots} slots ({ready * slots})"
+    text += f", {nonnegative(r.stream_rate):.2f} streams/s arriving"
+    if r.routers_seen > 1:
+        text += f" (summed over {r.routers_seen} routers)"
+    return text
+
+
+def _router_queue_evaluations(
+    queued: float, kept: tuple[Recommendation, ...], now: dt.datetime, interval: int
+) -> int:
+    """How many consecutive evaluations, this one included, saw streams queued in the
+    router (a gap of more than two intervals, or one without a router reading, ends a run)."""
+    if queued <= 0:
+        return 0
+    count, newer = 1, now
+    for r in reversed(kept):
+        if (newer - r.time).total_seconds() > 2 * interval:
+            break
+        if r.router_queued is None or r.router_queued <= 0:
+            break
+        count, newer = count + 1, r.time
+    return count
+
+
+def _service_seconds(obs: Observation, r: RouterSample) -> tuple[float, str] | None:
+    """The mean time a stream holds a slot, and where it comes from: Triton's request time
+    per completed request (a measurement per completion, whatever waits in the router), or,
+    without Triton completions in the window, the router's Little's law (streams in flight
+    over streams arriving), which is the service time only while nothing waits (then the
+    arrivals are the completions). None when neither holds."""
+    numbers = (obs.in_flight, obs.completion_rate, obs.queue_latency_ms)
+    if all(x is not None and math.isfinite(x) for x in numbers):
+        completions = nonnegative(obs.completion_rate)
+        latency = nonnegative(obs.queue_latency_ms)
+        in_service = nonnegative(obs.in_flight) - completions * latency / 1000.0
+        if completions > 0 and in_service > 0:
+            return in_service / completions, "triton"
+    in_flight, queued, rate = (nonnegative(x) for x in (r.in_flight, r.queued, r.stream_rate))
+    if rate > 0 and in_flight > 0 and queued == 0:
+        return in_flight / rate, "router"
+    return None
+
+
+def router_assessment(
+    spec: AutoscalingSpec,
+    obs: Observation,
+    fleet: Fleet,
+    memory: tuple[tuple[Recommendation, ...], Season],
+    now: dt.datetime,
+    remembered: int | None,
+) -> Assessment:
+    """Rule 4c: the fleet's demand at the router, sized as one pooled queue."""
+    r = obs.router
+    assert r is not None
+    kept = memory[0]
+    current, ready = fleet.current, fleet.ready
+    in_flight, queued, rate = (nonnegative(x) for x in (r.in_flight, r.queued, r.stream_rate))
+    router_slots = round(r.slots_per_pod) if r.slots_per_pod and r.slots_per_pod >= 1 else None
+    slots = spec.slo.slots_per_pod or router_slots or remembered
+    numbers: dict[str, Number] = {
+        "signal": "router",
+        "routerInFlight": round(in_flight, 3),
+        "routerQueued": round(queued, 3),
+        "routerStreamRate": round(rate, 4),
+        "routers": r.routers_seen,
+    }
+    if router_slots is not None:
+        numbers["routerSlotsPerPod"] = router_slots
+    if r.active_servers is not None and math.isfinite(r.active_servers):
+        numbers["routerActiveServers"] = round(r.active_servers)
+    runs = _router_queue_evaluations(queued, kept, now, spec.evaluation_interval_seconds)
+    numbers["routerQueueEvaluations"] = runs
+
+    keep = slots  # remembered: the spec's, the router's, or what was remembered
+
+    def done(
+        raw: int,
+        regime: str,
+        seen: str,
+        why: str,
+        arrivals: float | None = None,
+        predict_ms: Callable[[int], float] | None = None,
+    ) -> Assessment:
+        return Assessment(raw, regime, seen, why, keep, 0.0, predict_ms, numbers, arrivals, queued)
+
+    if in_flight == 0 and queued == 0 and rate == 0:
+        seen = router_text(r, ready) + " (no stream over the window)"
+        return done(0, "NoTraffic", seen, "no replica is needed for it", arrivals=0.0)
+    if ready == 0:
+        seen = router_text(r, ready)
+        if current == 0:
+            return done(1, "WakeUp", seen, "streams reach the router and no replica runs: one")
+        why = "no replica is Ready, so there is no service time to measure yet"
+        return done(current, "NoReadyPods", seen, why)
+    if slots is None:  # no limit at the router, none set, none remembered: the busiest seen
+        slots = max(1, math.ceil(in_flight / ready))
+        numbers["slotsSource"] = "in flight per Ready pod"
+    else:
+        numbers["slotsSource"] = (
+            "slo.slotsPerPod"
+            if spec.slo.slots_per_pod
+            else "router maxconn"
+            if router_slots
+            else "remembered"
+        )
+    numbers["slotsPerPod"] = slots
+    seen = router_text(r, ready, slots)
+    measured = _service_seconds(obs, r)
+    if measured is None:
+        why = (
+            "no service time yet (no completion at Triton in the window, and streams wait "
+            "in the router)"
+        )
+        if runs >= ROUTER_QUEUE_EVALUATIONS and ready + math.ceil(queued / slots) > current:
+            raw = ready + math.ceil(queued / slots)
+            why += (
+                f"; the router's queue has held for {runs} evaluations: {ready} Ready + "
+                f"ceil({count_text(queued)} queued / {slots} slots) = {raw}"
+            )
+            return done(raw, "RouterQueue", seen, why)
+        return done(current, "RouterNoServiceTime", seen, why)
+    service, source = measured
+    # The demand in Erlangs: what is on the pods and waiting now (leading), or the arrivals
+    # over the window times the service time, when that is more (a queue that grows).
+    load = max(in_flight + queued, rate * service)
+    arrivals = load / service
+    numbers.update(
+        {
+            "serviceTimeSeconds": round(service, 4),
+            "serviceTimeSource": source,
+            "load": round(load, 3),
+            "arrivalRate": round(arrivals, 4),
+            "utilization": round(in_flight / (ready * slots), 4),
+        }
+    )
+    seen += f", {service:.2f} s per stream ({source})"
+    if spec.slo.enabled:
+        raw, why = _router_slo(spec, load, slots, service, fleet, memory, now, arrivals, numbers)
+        regime = "RouterSloSizing"
+    else:
+        raw, why = _router_target(spec, load, slots, service, current, numbers)
+        regime = "RouterSizing"
+    if queued > 0 and raw < current:
+        raw = current
+        why += f"; {count_text(queued)} streams wait in the router: no fewer than in force"
+    if runs >= ROUTER_QUEUE_EVALUATIONS:
+        need = ready + math.ceil(queued / slots)
+        numbers["routerQueueReplicas"] = need
+        if need > raw:
+            raw, regime = need, "RouterQueue"
+            why += (
+                f"; the router's queue has held for {runs} evaluations: "
+                f"{ready} Ready + ceil({count_text(queued)} queued / {slots} slots) = {need}"
+            )
+
+    def predict_ms(n: int) -> float:
+        return 1000.0 * queue_seconds(load, n * slots, service) if n > 0 else math.inf
+
+    return done(raw, regime, seen, why, arrivals=arrivals, predict_ms=predict_ms)
+
+
+def _router_slo(
+    spec: AutoscalingSpec,
+    load: float,
+    slots: int,
+    service: float,
+    fleet: Fleet,
+    memory: tuple[tuple[Recommendation, ...], Season],
+    now: dt.datetime,
+    arrivals: float,
+    numbers: dict[str, Number],
+) -> tuple[int, str]:
+    """Rule 4b's SLO sizing on the pooled queue: the demand forecast over the cold start
+    (and the seasonal one), the budget SLO - first chunk, the configured variability (the
+    router's wait is not measured: HAProxy 2.6's queue-time average is wrong while it warms
+    up)."""
+    slo = spec.slo
+    kept, season = memory
+    f = forecast(arrivals, kept, now, slo.cold_start_seconds, spec.evaluation_interval_seconds)
+    upper = f.rate + slo.forecast_std_devs * f.spread
+    seasonal = seasonal_demand(spec, season, now, arrivals, slo.forecast_std_devs * f.spread)
+    if seasonal is not None:
+        numbers.update({k: round(v, 4) for k, v in seasonal.items()})
+        upper = max(upper, seasonal["seasonalForecast"], seasonal["seasonalFloor"])
+    upper = max(upper, load / service)  # never below what is on the pods and waiting now
+    budget = (slo.first_audio_milliseconds - slo.first_chunk_milliseconds) / 1000.0
+    miss = 1.0 - slo.attainment_percent / 100.0
+    k = slo.variability
+    need = pooled_replicas_for_miss(upper * service, slots, service, budget, miss, k)
+    if need < fleet.current:
+        margin = pooled_replicas_for_miss(
+            upper * service, slots, service, budget, (1 - TOLERANCE) * miss, k
+        )
+        numbers["sloReplicasWithMargin"] = margin
+        need = min(fleet.current, margin)
+    at_need = miss_probability(upper * service, max(need, 1) * slots, service, budget, k)
+    numbers.update(
+        {
+            "sloFirstChunkMilliseconds": slo.first_chunk_milliseconds,
+            "sloFirstChunkSource": slo.first_chunk_source,
+            "variability": round(k, 4),
+            "demand": round(arrivals, 4),
+            "forecastRate": round(f.rate, 4),
+            "forecastTrendPerMinute": round(60.0 * f.slope, 4),
+            "forecastSpread": round(f.spread, 4),
+            "forecastUpper": round(upper, 4),
+            "waitBudgetSeconds": round(budget, 4),
+            "sloReplicas": need,
+            "predictedMissPercent": round(100.0 * at_need, 4),
+        }
+    )
+    why = (
+        f"{need} replicas pooled behind the router ({need * slots} slots) keep "
+        f"{slo.attainment_percent:g} % of first audio within {slo.first_audio_milliseconds} ms "
+        f"(a wait of at most {budget:.2f} s, predicted {100.0 * at_need:.2f} % over) at "
+        f"{upper:.2f} streams/s: {arrivals:.2f} now, trend {60.0 * f.slope:+.2f}/min over the "
+        f"{slo.cold_start_seconds} s cold start, +{slo.forecast_std_devs:g} x {f.spread:.2f} "
+        f"spread; variability {k:.2f}"
+    )
+    return need, why
+
+
+def _router_target(
+    spec: AutoscalingSpec,
+    load: float,
+    slots: int,
+    service: float,
+    current: int,
+    numbers: dict[str, Number],
+) -> tuple[int, str]:
+    """Rule 4's target on the pooled queue: the fewest replicas whose predicted mean wait in
+    the router is at most the target; below the count in force, at most 90 % of it."""
+    target = spec.target_queue_latency_milliseconds
+    up = pooled_replicas_for(load, slots, service, target / 1000.0)
+    numbers["routerReplicasForTarget"] = up
+    if up > current:
+        predicted = 1000.0 * queue_seconds(load, up * slots, service)
+        return up, (
+            f"{up} replicas pooled behind the router keep the predicted wait at "
+            f"{predicted:.1f} ms, within the {target:g} ms target"
+        )
+    limit = (1 - TOLERANCE) * target
+    down = max(1, pooled_replicas_for(load, slots, service, limit / 1000.0))
+    numbers["routerReplicasWithMargin"] = down
+    raw = min(current, down)
+    if raw < current:
+        predicted = 1000.0 * queue_seconds(load, raw * slots, service)
+        return raw, (
+            f"{raw} replicas pooled behind the router keep the predicted wait at "
+            f"{predicted:.1f} ms, under {limit:g} ms"
+        )
+    return raw, f"the pooled model keeps {current} replicas (fewer would wait over {limit:g} ms)"

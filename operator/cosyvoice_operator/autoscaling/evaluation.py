@@ -17,6 +17,7 @@ column shows the latency as of the last one, and `lastEvaluationTime` says when 
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from cosyvoice_operator.api import conditions
 from cosyvoice_operator.api.spec import ServiceSpec
 from cosyvoice_operator.autoscaling import sample as samples
 from cosyvoice_operator.autoscaling.policy import Decision, Fleet, Observation
-from cosyvoice_operator.autoscaling.sample import Sample
+from cosyvoice_operator.autoscaling.sample import RouterSample, Sample
 
 # Unavailable reasons of our own, besides the metrics source's.
 NO_PROMETHEUS = "NoPrometheusURL"
@@ -62,7 +63,25 @@ def ready_pod_names(pods: Sequence[Mapping[str, Any]]) -> list[str]:
     )
 
 
-def observation(sample: Sample, now: dt.datetime) -> Observation:
+def observation(
+    sample: Sample, now: dt.datetime, router: RouterSample | None = None
+) -> Observation:
+    """What the policy reads of a sample. With a router reading (mode Router), the router
+    decides whether the observation is usable; Triton's numbers, when Triton's sample has
+    none, are None (the router path takes its service time elsewhere or holds)."""
+    if router is not None:
+        return Observation(
+            time=now,
+            available=router.available,
+            unavailable_reason=router.unavailable_reason,
+            message=router.message,
+            queue_latency_ms=sample.queue_latency_ms if sample.available else None,
+            pending_requests=sample.pending_requests if sample.available else None,
+            in_flight=sample.in_flight if sample.available else None,
+            completion_rate=sample.completion_rate if sample.available else None,
+            no_traffic=False,
+            router=router,
+        )
     return Observation(
         time=now,
         available=sample.available,
@@ -73,6 +92,69 @@ def observation(sample: Sample, now: dt.datetime) -> Observation:
         in_flight=sample.in_flight,
         completion_rate=sample.completion_rate,
         no_traffic=sample.no_traffic,
+    )
+
+
+# ---- one stream per utterance (issue 30 item 4) --------------------------------------------
+
+# Utterances per stream above which a service's clients are warned, the fewest utterances in
+# a window for the figure to count, and how often one service may be warned.
+MANY_UTTERANCES_PER_STREAM = 1.5
+MIN_UTTERANCES = 10.0
+UTTERANCE_WARNING_EVERY = dt.timedelta(hours=1)
+MANY_UTTERANCES_REASON = "ManyUtterancesPerStream"
+
+
+def utterances_per_stream(
+    completion_rate: float | None,
+    stream_rate: float | None,
+    streams_in_flight: float | None,
+    window_seconds: float,
+) -> float | None:
+    """Utterances a client sends per gRPC stream, over the window: the orchestrator's
+    completed requests (one per utterance; Triton's Python backend sees no stream
+    boundaries, so they are counted here) over the streams the router saw start. When no
+    stream started in the window but streams are open and utterances completed, the open
+    streams carried them all (a lower bound). None without a figure (no traffic, or no
+    router reading)."""
+    values = (completion_rate, stream_rate, streams_in_flight)
+    if any(v is None or not math.isfinite(v) or v < 0 for v in values):
+        return None
+    assert completion_rate is not None and stream_rate is not None
+    assert streams_in_flight is not None
+    if completion_rate == 0:
+        return None
+    if stream_rate > 0:
+        return completion_rate / stream_rate
+    if streams_in_flight >= 1:
+        return completion_rate * window_seconds / streams_in_flight
+    return None
+
+
+def utterance_warning(
+    per_stream: float | None,
+    completion_rate: float | None,
+    window_seconds: float,
+    last_warned: dt.datetime | None,
+    now: dt.datetime,
+) -> tuple[str, str, str] | None:
+    """The Warning Event (type, reason, message) when a service's clients send more than
+    MANY_UTTERANCES_PER_STREAM utterances per stream over a window of at least MIN_UTTERANCES
+    utterances, at most once per UTTERANCE_WARNING_EVERY; None otherwise."""
+    if per_stream is None or per_stream <= MANY_UTTERANCES_PER_STREAM:
+        return None
+    if (completion_rate or 0.0) * window_seconds < MIN_UTTERANCES:
+        return None
+    if last_warned is not None and now - last_warned < UTTERANCE_WARNING_EVERY:
+        return None
+    return (
+        "Warning",
+        MANY_UTTERANCES_REASON,
+        f"clients send {per_stream:.1f} utterances per gRPC stream over the last "
+        f"{window_seconds:g} s: the router places each stream on one pod, so every utterance "
+        "of a stream stays on the pod it first reached, queues behind the stream's earlier "
+        "ones and never reaches a pod the autoscaler adds. Open one stream per utterance "
+        "(one ModelStreamInfer call or one request per utterance) on the same channel.",
     )
 
 

@@ -133,6 +133,22 @@ Rules, in the order they apply (each has rows in tests/unit/autoscaling/test_pol
    one, and rule 7 removes them in one step per window (``scaleDown.maxStepReplicas``
    permitting).
 
+4c. Behind the router (``spec.routing.mode: Router``; the observation carries the router's
+   reading, `assessment.router_assessment`): the signal is the router's, not Triton's queue
+   (which the router keeps empty by never giving a pod more streams than its slots). Demand
+   = streams in flight on the pods + streams queued in the router, in Erlangs, or the
+   arrival rate (HAProxy's request counter, counted as streams arrive) x the service time
+   when that is more. The fleet is one pooled M/M/(n x c) queue (`queueing.pooled_*`): with
+   SLO sizing, the fewest replicas whose predicted miss of the first-audio budget is within
+   the SLO at the forecast demand; else the fewest whose predicted mean wait in the router
+   is at most the target (90 % of it below the count in force). While streams wait in the
+   router, no fewer than in force; a router queue that stays above 0 for
+   ``ROUTER_QUEUE_EVALUATIONS`` consecutive evaluations asks, on its own, for the Ready
+   pods plus ``ceil(queued / slots per pod)``. No traffic through the router recommends 0;
+   no Ready pod with streams at the router wakes a fleet at 0 with 1. A router reading that
+   is missing or stale is rule 2 (hold, never down). Without a router (modes Service and
+   GatewayAPI) rules 4 and 4b read Triton's queue as above.
+
 ``mode`` (Active / DryRun) changes nothing here; it is reported in ``inputs``.
 """
 
@@ -149,7 +165,9 @@ from cosyvoice_operator.autoscaling.assessment import (
     assess,
     count_text,
     nonnegative,
+    router_text,
 )
+from cosyvoice_operator.autoscaling.sample import RouterSample
 from cosyvoice_operator.autoscaling.schedules import require_aware, schedule_floor
 from cosyvoice_operator.autoscaling.seasonal import Season, record
 
@@ -174,6 +192,10 @@ class Observation:
     in_flight: float | None  # requests in the system on average (Little's law), all pods
     completion_rate: float | None  # completed requests per second, all pods
     no_traffic: bool  # fresh series, every rate 0 (data, not missing data)
+    # Behind the router (mode Router): the router's reading, the signal of rule 4c; None
+    # without a router. When set, the Triton numbers above may be None (no Ready pod, or
+    # Triton's series missing): the router's alone decide whether the sample is usable.
+    router: RouterSample | None = None
 
 
 @dataclass(frozen=True)
@@ -194,6 +216,7 @@ class Recommendation:
     arrivals: float | None = None  # the demand seen (requests/s), for the SLO forecast
     in_force: int | None = None  # the replica count in force then (the SLO's cooldown)
     season: Season | None = None  # the seasonal profile (rule 9), on the newest one only
+    router_queued: float | None = None  # streams queued in the router (rule 4c's queue rule)
 
 
 @dataclass(frozen=True)
@@ -267,6 +290,7 @@ def decide(
             a.arrivals if slo else None,
             current if slo else None,
             season if seasonal else None,
+            a.router_queued,
         ),
     )
     desired, notes = _stabilized(spec, fleet, a.raw, latest, now, inputs)
@@ -436,6 +460,19 @@ def _step_down(
 
 def _unusable(obs: Observation) -> tuple[str, str] | None:
     """(reason, message) when the sample cannot be used, None when it can."""
+    if obs.router is not None:
+        r = obs.router
+        if not r.available:
+            return (
+                r.unavailable_reason or NO_DATA,
+                "router: " + (r.message or "the metrics source gave no detail"),
+            )
+        if r.in_flight is None or r.queued is None or r.stream_rate is None:
+            return NO_DATA, "router: the sample lacks streams in flight, queued or arriving"
+        router_numbers = (r.in_flight, r.queued, r.stream_rate, r.slots_per_pod)
+        if any(x is not None and not math.isfinite(x) for x in router_numbers):
+            return NOT_A_NUMBER, "router: the sample holds a NaN or infinite value"
+        return None
     if not obs.available:
         return (
             obs.unavailable_reason or NO_DATA,
@@ -529,6 +566,8 @@ def _join(reason: str, notes: Sequence[str]) -> str:
 
 
 def _metrics_message(obs: Observation, fleet: Fleet) -> str:
+    if obs.router is not None:
+        return router_text(obs.router, fleet.ready)
     if obs.no_traffic:
         return f"no traffic over {fleet.ready} Ready pods (fresh series, every rate 0)"
     parts = [f"queue latency {nonnegative(obs.queue_latency_ms):.1f} ms"]

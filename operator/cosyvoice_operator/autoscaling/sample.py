@@ -45,3 +45,43 @@ def unavailable(reason: str, message: str, pods_seen: int = 0) -> Sample:
         first_response_p95_ms=None,
         pods_seen=pods_seen,
     )
+
+
+@dataclass(frozen=True)
+class RouterSample:
+    """One reading of a service's router pods (HAProxy's Prometheus exporter, backend
+    ``triton``), summed over the router replicas; or the reason there is none.
+
+    ``in_flight``: streams on the Triton pods now (``haproxy_server_current_sessions``);
+    ``queued``: streams waiting in the router's backend queue now
+    (``haproxy_backend_current_queue``); ``stream_rate``: streams arriving per second over the
+    window (``haproxy_backend_http_requests_total``: HAProxy counts a request when it reaches
+    the backend, before it queues, so the rate is the demand and does not flatten at the
+    fleet's capacity); ``slots_per_pod``: the streams the routers let one Triton pod hold
+    (each router's per-server ``maxconn``, ``haproxy_server_limit_sessions``, summed over the
+    routers), None when no limit is set; ``active_servers``: Triton pods a router sees up
+    (the most any router does)."""
+
+    available: bool
+    unavailable_reason: str
+    message: str
+    in_flight: float | None
+    queued: float | None
+    stream_rate: float | None
+    slots_per_pod: float | None
+    active_servers: float | None
+    routers_seen: int
+
+
+def router_unavailable(reason: str, message: str, routers_seen: int = 0) -> RouterSample:
+    return RouterSample(
+        available=False,
+        unavailable_reason=reason,
+        message=message,
+        in_flight=None,
+        queued=None,
+        stream_rate=None,
+        slots_per_pod=None,
+        active_servers=None,
+        routers_seen=routers_seen,
+    )

@@ -338,6 +338,8 @@ EVENT_MEANINGS: Mapping[str, str] = {
     "DryRunScaledDown": "in DryRun mode: the autoscaler would have lowered the replicas",
     "ScalingConflict": "another autoscaler (an HPA) targets the service's Deployments",
     "MetricsUnavailable": "the autoscaler found no usable metrics and holds (why)",
+    "ManyUtterancesPerStream": "clients send more than 1.5 utterances per gRPC stream (mode "
+    "Router): each stream stays on one pod; at most once an hour per service",
     "ReplicasIgnored": "spec.replicas changed while the autoscaler owns the count",
     "InvalidSpec": "the spec cannot be planned (the field and why)",
     "LimitExceeded": "the service asks for more than an operator limit allows",

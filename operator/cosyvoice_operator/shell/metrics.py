@@ -76,6 +76,13 @@ SCALING_CONFLICT = Gauge(
     "Other autoscalers (HPAs) that target the service's Deployments while its autoscaler runs.",
     ["namespace", "service"],
 )
+UTTERANCES_PER_STREAM = Gauge(
+    "cosyvoice_operator_utterances_per_stream",
+    "Utterances a service's clients send per gRPC stream over the autoscaler's rate window "
+    "(orchestrator requests over the router's streams; mode Router only). Above 1, the "
+    "utterances of a stream stay on one pod: open one stream per utterance.",
+    ["namespace", "service"],
+)
 ACTIVE = Gauge(
     "cosyvoice_operator_active",
     "1 when this operator replica acts (it is the active peer), 0 while it stands by.",
@@ -212,7 +219,18 @@ _AUTOSCALER_GAUGES = (
     MAX_REPLICAS,
     METRICS_AVAILABLE,
     SCALING_CONFLICT,
+    UTTERANCES_PER_STREAM,
 )
+
+
+def record_utterances_per_stream(namespace: str, service: str, value: float | None) -> None:
+    """The service's utterances per stream; no figure (no router, no traffic, no data)
+    removes the series rather than keep a stale one."""
+    if value is None:
+        with contextlib.suppress(KeyError):
+            UTTERANCES_PER_STREAM.remove(namespace, service)
+        return
+    UTTERANCES_PER_STREAM.labels(namespace=namespace, service=service).set(value)
 
 
 def forget(namespace: str, service: str) -> None:

@@ -48,6 +48,18 @@ service sees, so messages carry only what the operator knows: the query, the URL
 credentials, an HTTP status code and its standard reason phrase, never a body (a URL that
 answers with a secret must not get it published). An answer that is not the shape of
 ``/api/v1/query``'s (200 without ``data``, not JSON, elements without values) is no data.
+``await source.sample_router(namespace, routers)`` reads the router pods of a service in
+mode Router (HAProxy's Prometheus exporter, backend ``triton``), summed over the router
+replicas, into a :class:`RouterSample`: streams in flight on the Triton pods
+(``haproxy_server_current_sessions``), streams queued in the router
+(``haproxy_backend_current_queue``), streams arriving per second
+(``haproxy_backend_http_requests_total``), the per-pod slot limit (each router's
+``haproxy_server_limit_sessions``, summed over routers) and the servers up
+(``haproxy_backend_active_servers``). Not ``haproxy_backend_queue_time_average_seconds``:
+an average over the last 1024 streams that HAProxy 2.6 divides by 1024 while fewer have
+passed, so it reads too low while a router warms up. Freshness, NoData, Stale and the other
+reasons are judged as for Triton, per router pod, from the queue gauge.
+
 :class:`PrometheusSources` is what the autoscaler holds: only the URLs the operator is
 configured to allow (a service's ``prometheusUrl`` is otherwise a request from the
 operator's pod to anywhere), and a bounded set of clients that closes those it drops.
@@ -81,7 +93,9 @@ from cosyvoice_operator.autoscaling.sample import (
     QUERY_FAILED,
     STALE,
     UNREACHABLE,
+    RouterSample,
     Sample,
+    router_unavailable,
     unavailable,
 )
 
@@ -119,6 +133,13 @@ FIRST_RESPONSE_BUCKET = "nv_inference_first_response_histogram_ms_bucket"
 # Completions per second below which the queue-time ratio stops dividing (see the docstring).
 EPSILON = 1e-6
 FIRST_RESPONSE_QUANTILE = 0.95
+# HAProxy's Prometheus exporter (the router pods, port 8404), backend `triton` (gRPC).
+ROUTER_BACKEND = "triton"
+ROUTER_QUEUE = "haproxy_backend_current_queue"
+ROUTER_SESSIONS = "haproxy_server_current_sessions"
+ROUTER_REQUESTS = "haproxy_backend_http_requests_total"
+ROUTER_LIMIT = "haproxy_server_limit_sessions"
+ROUTER_ACTIVE = "haproxy_backend_active_servers"
 
 
 class QueryClient(Protocol):
@@ -146,6 +167,38 @@ def pod_regex(pods: Sequence[str]) -> str:
 def selector(namespace: str, pods: Sequence[str], model: str) -> str:
     """The label matchers of one service's pods and one model, inside ``{...}``."""
     return f"namespace={_string(namespace)},pod=~{_string(pod_regex(pods))},model={_string(model)}"
+
+
+def router_selector(namespace: str, routers: Sequence[str]) -> str:
+    """The label matchers of one service's router pods and its gRPC backend."""
+    return (
+        f"namespace={_string(namespace)},pod=~{_string(pod_regex(routers))},"
+        f"proxy={_string(ROUTER_BACKEND)}"
+    )
+
+
+@dataclass(frozen=True)
+class RouterQueries:
+    """The PromQL of one router sample, for a selector and a rate window."""
+
+    freshness: str
+    in_flight: str
+    queued: str
+    stream_rate: str
+    slots_per_pod: str
+    active_servers: str
+
+    @classmethod
+    def build(cls, matchers: str, window_seconds: int) -> RouterQueries:
+        return cls(
+            freshness=f"max by (pod) (timestamp({ROUTER_QUEUE}{{{matchers}}}))",
+            in_flight=f"sum({ROUTER_SESSIONS}{{{matchers}}})",
+            queued=f"sum({ROUTER_QUEUE}{{{matchers}}})",
+            stream_rate=f"sum(rate({ROUTER_REQUESTS}{{{matchers}}}[{window_seconds}s]))",
+            # Each router lets a pod hold maxconn streams: the pod's slots are their sum.
+            slots_per_pod=f"sum(max by (pod) ({ROUTER_LIMIT}{{{matchers}}}))",
+            active_servers=f"max({ROUTER_ACTIVE}{{{matchers}}})",
+        )
 
 
 @dataclass(frozen=True)
@@ -295,6 +348,78 @@ class PrometheusSource:
                 UNREACHABLE,
                 f"Prometheus at {self.shown_url} did not answer within {self.timeout_seconds:g}s",
             )
+
+    async def sample_router(self, namespace: str, routers: Sequence[str]) -> RouterSample:
+        """The router's figures over ``routers`` (pod names) of ``namespace``; never raises
+        for anything Prometheus does (that is the sample's ``unavailable_reason``)."""
+        if not routers:
+            return router_unavailable(NO_DATA, "no router pod is Ready to read metrics of")
+        try:
+            return await asyncio.wait_for(
+                asyncio.to_thread(self._sample_router, namespace, list(routers)),
+                self.timeout_seconds,
+            )
+        except TimeoutError:
+            return router_unavailable(
+                UNREACHABLE,
+                f"Prometheus at {self.shown_url} did not answer within {self.timeout_seconds:g}s",
+            )
+
+    def _sample_router(self, namespace: str, routers: list[str]) -> RouterSample:
+        deadline = time.monotonic() + self.timeout_seconds
+        try:
+            return self._read_router(namespace, routers, deadline)
+        except _Unavailable as err:
+            return router_unavailable(err.reason, err.message, err.pods_seen)
+
+    def _read_router(self, namespace: str, routers: list[str], deadline: float) -> RouterSample:
+        every = RouterQueries.build(router_selector(namespace, routers), self.window_seconds)
+        fresh, newest_age = self._fresh_pods(every.freshness, routers, deadline)
+        if not fresh:
+            raise _Unavailable(
+                STALE,
+                f"the newest sample of {ROUTER_QUEUE} for {len(routers)} router pod(s) in "
+                f"{namespace!r} is {newest_age:.0f}s old (stale after {self.stale_seconds:g}s) "
+                f"at {self.shown_url}: is Prometheus still scraping them (port 8404)?",
+            )
+        seen = len(fresh)
+        q = RouterQueries.build(router_selector(namespace, fresh), self.window_seconds)
+        values: dict[str, float | None] = {}
+        for name, query, required in (
+            ("in_flight", q.in_flight, True),
+            ("queued", q.queued, True),
+            ("stream_rate", q.stream_rate, True),
+            ("slots_per_pod", q.slots_per_pod, False),
+            ("active_servers", q.active_servers, False),
+        ):
+            value = _scalar(self._query(query, deadline), query)
+            if value is None and required:
+                raise _Unavailable(
+                    NO_DATA,
+                    f"{query} is empty at {self.shown_url} although {seen} router pod(s) have "
+                    f"fresh series (no server in the backend, or fewer than two samples in the "
+                    f"last {self.window_seconds}s)",
+                    seen,
+                )
+            if value is not None and not math.isfinite(value):
+                if required:
+                    raise _Unavailable(
+                        NOT_A_NUMBER, f"{query} is {value} at {self.shown_url}", seen
+                    )
+                value = None
+            values[name] = value
+        slots = values["slots_per_pod"]
+        return RouterSample(
+            available=True,
+            unavailable_reason="",
+            message=f"{seen} of {len(routers)} router pod(s) reporting",
+            in_flight=values["in_flight"],
+            queued=values["queued"],
+            stream_rate=values["stream_rate"],
+            slots_per_pod=slots if slots is not None and slots > 0 else None,
+            active_servers=values["active_servers"],
+            routers_seen=seen,
+        )
 
     # Runs in a worker thread.
     def _sample(self, namespace: str, pods: list[str], model: str) -> Sample:
@@ -522,6 +647,14 @@ class PrometheusSources:
                 "config.allowedPrometheusUrls)",
             )
         return await source.sample(namespace, pods, model)
+
+    async def sample_router(self, url: str, namespace: str, routers: Sequence[str]) -> RouterSample:
+        """``PrometheusSource.sample_router`` of the URL, or ``PrometheusNotAllowed``."""
+        source = self.get(url)
+        if source is None:
+            refused = await self.sample(url, namespace, routers, "")
+            return router_unavailable(refused.unavailable_reason, refused.message)
+        return await source.sample_router(namespace, routers)
 
     def close(self) -> None:
         while self._sources:
