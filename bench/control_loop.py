@@ -565,8 +565,14 @@ def fresh_cluster(bench: Bench, nodes: int) -> None:
     bench.local.down(quiet=True, wipe=True)
     bench.local.up(gpu_nodes={PRODUCT: nodes}, gpus_per_node=8)
     bench.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    bench.kubectl("wait", "--for=condition=Established",
-                  "crd/cosyvoiceservices.tts.cosyvoice.dev")  # fmt: skip
+
+    def established() -> bool:
+        # Polled (not `kubectl wait`, which fails on a CRD that has no conditions yet).
+        crd = bench.get("crd", "cosyvoiceservices.tts.cosyvoice.dev")
+        conditions = crd.get("status", {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    wait("the CRD established", established, 60, interval=0.5)
 
 
 def cluster_cpu(bench: Bench) -> dict[str, float]:
