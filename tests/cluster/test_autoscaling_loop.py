@@ -164,7 +164,14 @@ def test_queue_latency_drives_replicas_in_a_closed_loop(
 ) -> None:
     ns = loop_ns
     body = json.loads(
-        service("tts", replicas=1, serving={"nodeSelector": L20}, autoscaling=AUTOSCALING)
+        # Triton's queue is the signal under test: mode Service (no router in front).
+        service(
+            "tts",
+            replicas=1,
+            serving={"nodeSelector": L20},
+            autoscaling=AUTOSCALING,
+            routing={"mode": "Service"},
+        )
     )
     svc = parse(body["spec"])
     targets = tmp_path / "targets.json"

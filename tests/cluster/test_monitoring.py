@@ -444,12 +444,19 @@ def test_every_expression_returns_data_from_a_real_run(
     tts = json.loads(
         service(
             "tts", replicas=1, serving={"nodeSelector": L20}, autoscaling=autoscaling,
+            routing={"mode": "Service"},
             model={"variant": "cosyvoice3", "uri": "hf://FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
                    "credentialsSecret": "hf"},
         )
     )  # fmt: skip
     nodata = json.loads(
-        service("nodata", replicas=1, serving={"nodeSelector": L20}, autoscaling=autoscaling)
+        service(
+            "nodata",
+            replicas=1,
+            serving={"nodeSelector": L20},
+            autoscaling=autoscaling,
+            routing={"mode": "Service"},
+        )
     )
     broken = service("broken", uri="hf://simulated/build-failure", serving={"nodeSelector": L20})
 

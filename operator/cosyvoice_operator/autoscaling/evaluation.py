@@ -113,9 +113,10 @@ def utterances_per_stream(
 ) -> float | None:
     """Utterances a client sends per gRPC stream, over the window: the orchestrator's
     completed requests (one per utterance; Triton's Python backend sees no stream
-    boundaries, so they are counted here) over the streams the router saw start. When no
-    stream started in the window but streams are open and utterances completed, the open
-    streams carried them all (a lower bound). None without a figure (no traffic, or no
+    boundaries, so they are counted here) over the streams the router saw end
+    (``haproxy_backend_http_requests_total``; both count at completion). When no stream
+    ended in the window but streams are open and utterances completed, the open streams
+    carried them all (a lower bound). None without a figure (no traffic, or no
     router reading)."""
     values = (completion_rate, stream_rate, streams_in_flight)
     if any(v is None or not math.isfinite(v) or v < 0 for v in values):

@@ -137,7 +137,7 @@ Rules, in the order they apply (each has rows in tests/unit/autoscaling/test_pol
    reading, `assessment.router_assessment`): the signal is the router's, not Triton's queue
    (which the router keeps empty by never giving a pod more streams than its slots). Demand
    = streams in flight on the pods + streams queued in the router, in Erlangs, or the
-   arrival rate (HAProxy's request counter, counted as streams arrive) x the service time
+   arrival rate (HAProxy's session counter, counted as streams arrive) x the service time
    when that is more. The fleet is one pooled M/M/(n x c) queue (`queueing.pooled_*`): with
    SLO sizing, the fewest replicas whose predicted miss of the first-audio budget is within
    the SLO at the forecast demand; else the fewest whose predicted mean wait in the router

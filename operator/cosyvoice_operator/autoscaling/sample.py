@@ -55,12 +55,14 @@ class RouterSample:
     ``in_flight``: streams on the Triton pods now (``haproxy_server_current_sessions``);
     ``queued``: streams waiting in the router's backend queue now
     (``haproxy_backend_current_queue``); ``stream_rate``: streams arriving per second over the
-    window (``haproxy_backend_http_requests_total``: HAProxy counts a request when it reaches
-    the backend, before it queues, so the rate is the demand and does not flatten at the
-    fleet's capacity); ``slots_per_pod``: the streams the routers let one Triton pod hold
-    (each router's per-server ``maxconn``, ``haproxy_server_limit_sessions``, summed over the
-    routers), None when no limit is set; ``active_servers``: Triton pods a router sees up
-    (the most any router does)."""
+    window (``haproxy_backend_sessions_total``: HAProxy 2.6 counts a stream when it reaches the
+    backend, before it queues, so the rate is the demand and does not flatten at the fleet's
+    capacity); ``completed_stream_rate``: streams ended per second
+    (``haproxy_backend_http_requests_total``, counted when a stream ends: measured on
+    2.6.12, 3 streams open read 0 until they closed); ``slots_per_pod``: the streams the
+    routers let one Triton pod hold (each router's per-server ``maxconn``,
+    ``haproxy_server_limit_sessions``, summed over the routers), None when no limit is
+    set; ``active_servers``: Triton pods a router sees up (the most any router does)."""
 
     available: bool
     unavailable_reason: str
@@ -71,6 +73,7 @@ class RouterSample:
     slots_per_pod: float | None
     active_servers: float | None
     routers_seen: int
+    completed_stream_rate: float | None = None
 
 
 def router_unavailable(reason: str, message: str, routers_seen: int = 0) -> RouterSample:

@@ -53,8 +53,9 @@ mode Router (HAProxy's Prometheus exporter, backend ``triton``), summed over the
 replicas, into a :class:`RouterSample`: streams in flight on the Triton pods
 (``haproxy_server_current_sessions``), streams queued in the router
 (``haproxy_backend_current_queue``), streams arriving per second
-(``haproxy_backend_http_requests_total``), the per-pod slot limit (each router's
-``haproxy_server_limit_sessions``, summed over routers) and the servers up
+(``haproxy_backend_sessions_total``, counted as a stream reaches the backend) and ending per
+second (``haproxy_backend_http_requests_total``, counted when it ends), the per-pod slot
+limit (each router's ``haproxy_server_limit_sessions``, summed over routers) and the servers up
 (``haproxy_backend_active_servers``). Not ``haproxy_backend_queue_time_average_seconds``:
 an average over the last 1024 streams that HAProxy 2.6 divides by 1024 while fewer have
 passed, so it reads too low while a router warms up. Freshness, NoData, Stale and the other
@@ -137,6 +138,7 @@ FIRST_RESPONSE_QUANTILE = 0.95
 ROUTER_BACKEND = "triton"
 ROUTER_QUEUE = "haproxy_backend_current_queue"
 ROUTER_SESSIONS = "haproxy_server_current_sessions"
+ROUTER_ARRIVALS = "haproxy_backend_sessions_total"
 ROUTER_REQUESTS = "haproxy_backend_http_requests_total"
 ROUTER_LIMIT = "haproxy_server_limit_sessions"
 ROUTER_ACTIVE = "haproxy_backend_active_servers"
@@ -185,6 +187,7 @@ class RouterQueries:
     in_flight: str
     queued: str
     stream_rate: str
+    completed_stream_rate: str
     slots_per_pod: str
     active_servers: str
 
@@ -194,7 +197,10 @@ class RouterQueries:
             freshness=f"max by (pod) (timestamp({ROUTER_QUEUE}{{{matchers}}}))",
             in_flight=f"sum({ROUTER_SESSIONS}{{{matchers}}})",
             queued=f"sum({ROUTER_QUEUE}{{{matchers}}})",
-            stream_rate=f"sum(rate({ROUTER_REQUESTS}{{{matchers}}}[{window_seconds}s]))",
+            stream_rate=f"sum(rate({ROUTER_ARRIVALS}{{{matchers}}}[{window_seconds}s]))",
+            completed_stream_rate=(
+                f"sum(rate({ROUTER_REQUESTS}{{{matchers}}}[{window_seconds}s]))"
+            ),
             # Each router lets a pod hold maxconn streams: the pod's slots are their sum.
             slots_per_pod=f"sum(max by (pod) ({ROUTER_LIMIT}{{{matchers}}}))",
             active_servers=f"max({ROUTER_ACTIVE}{{{matchers}}})",
@@ -389,6 +395,7 @@ class PrometheusSource:
             ("in_flight", q.in_flight, True),
             ("queued", q.queued, True),
             ("stream_rate", q.stream_rate, True),
+            ("completed_stream_rate", q.completed_stream_rate, False),
             ("slots_per_pod", q.slots_per_pod, False),
             ("active_servers", q.active_servers, False),
         ):
@@ -419,6 +426,7 @@ class PrometheusSource:
             slots_per_pod=slots if slots is not None and slots > 0 else None,
             active_servers=values["active_servers"],
             routers_seen=seen,
+            completed_stream_rate=values["completed_stream_rate"],
         )
 
     # Runs in a worker thread.
