@@ -18,7 +18,7 @@ from cosyvoice_operator.devtools.sim.plant import (
     RouterModel,
     ServiceModel,
 )
-from cosyvoice_operator.devtools.sim.policies import Params, make
+from cosyvoice_operator.devtools.sim.policies import Ours, Params, make
 from cosyvoice_operator.devtools.sim.trace import Trace
 
 # One slot, a stream of a seconds of audio holds it a seconds, first audio after 0.2 s.
@@ -159,3 +159,17 @@ def test_ours_behind_the_router_reads_the_routers_queue() -> None:
     outcome = simulate(trace, make("cosyvoice", params), config)
     assert outcome.max_replicas >= 2
     assert outcome.refused > 0  # before the new pods came
+
+
+def test_ours_behind_the_router_holds_without_the_routers_series() -> None:
+    plant = routed(ONE_SLOT, 1, RouterModel(1))
+    prom = Prometheus(PrometheusModel(), [])
+    for t in (0.0, 15.0):
+        prom.scrape(t, plant.pods)  # Triton's series, none of the router's
+    params: Params = {"min_replicas": 1, "target_ms": 100, "down_window_s": 300}
+    obs = Ours(params).observation(20.0, plant, prom)
+    assert obs.router is not None and not obs.available
+    assert obs.unavailable_reason == "NoData"
+    prom.scrape_router(0.0, 0, 0, 0)
+    prom.scrape_router(15.0, 0, 0, 0)
+    assert Ours(params).observation(20.0, plant, prom).available

@@ -4,7 +4,8 @@
   unchanged, fed every 15 s the way the operator feeds it (`metrics_source`'s queries over
   the Ready pods: queue latency per completed request, pending requests, requests in the
   system by Little's law, completions per second; no series for any Ready pod is
-  ``NoData``).
+  ``NoData``); behind the router (routing ``router``) with the router's reading too
+  (`Observation.router`: streams in flight and queued, streams per second, slots per pod).
 - ``hpa``: Kubernetes' HPA (`hpa`) on a ``Pods`` metric, each pod's queue time per request
   in milliseconds (``rate(queue_us) / clamp_min(rate(success), 1e-6)`` through
   prometheus-adapter), 15 s sync.
@@ -37,12 +38,12 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from cosyvoice_operator.api.spec import AutoscalingSpec, ScaleRule, SloSpec
 from cosyvoice_operator.autoscaling import policy as scaling
-from cosyvoice_operator.autoscaling import sample as scaling_sample
+from cosyvoice_operator.autoscaling.sample import RouterSample, router_unavailable
 from cosyvoice_operator.devtools.sim import hpa as hpa_model
 from cosyvoice_operator.devtools.sim import kpa as kpa_model
 from cosyvoice_operator.devtools.sim.plant import ROUTER, Plant, Prometheus, RouterView
@@ -112,11 +113,37 @@ class Ours(_Base):
         self.history: tuple[scaling.Recommendation, ...] = ()
 
     def observation(self, now: float, plant: Plant, prom: Prometheus) -> scaling.Observation:
+        triton = self._triton(now, plant, prom)
+        if plant.routing != ROUTER:
+            return triton
+        # Behind the router, as the operator combines them (`evaluation.observation`): the
+        # router's reading decides whether the sample is usable; Triton's numbers ride along
+        # when Triton's sample has them.
+        view = prom.router_view(now)
+        reading = (
+            _router_reading(view, plant)
+            if view is not None
+            else router_unavailable(scaling.NO_DATA, "no series for the router pods")
+        )
+        ok = triton.available
+        return scaling.Observation(
+            time=triton.time,
+            available=reading.available,
+            unavailable_reason=reading.unavailable_reason,
+            message=reading.message,
+            queue_latency_ms=triton.queue_latency_ms if ok else None,
+            pending_requests=triton.pending_requests if ok else None,
+            in_flight=triton.in_flight if ok else None,
+            completion_rate=triton.completion_rate if ok else None,
+            no_traffic=False,
+            router=reading,
+        )
+
+    def _triton(self, now: float, plant: Plant, prom: Prometheus) -> scaling.Observation:
         moment = EPOCH + dt.timedelta(seconds=now)
         views = [prom.view(now, p.name) for p in plant.live() if p.ready_at <= now]
         fresh = [v for v in views if v is not None]
-        router = prom.router_view(now) if plant.routing == ROUTER else None
-        if not fresh or (plant.routing == ROUTER and router is None):
+        if not fresh:
             return scaling.Observation(
                 moment,
                 False,
@@ -132,8 +159,6 @@ class Ours(_Base):
         queue_us = sum(v.queue_us_rate for v in fresh)
         request_us = sum(v.request_us_rate for v in fresh)
         pending = sum(v.pending for v in fresh)
-        if router is not None:
-            return _behind_router(moment, router, completions, pending, plant)
         return scaling.Observation(
             time=moment,
             available=True,
@@ -160,59 +185,23 @@ class Ours(_Base):
         return Verdict(decision.replicas, missing=not decision.metrics_available)
 
 
-def _behind_router(
-    moment: dt.datetime,
-    router: RouterView,
-    completions: float,
-    triton_pending: float,
-    plant: Plant,
-) -> scaling.Observation:
-    """Behind the router, Triton's queue stays quiet (the router never gives a pod more
-    streams than its slots): the wait is in the router's queue.
-
-    Where the policy reads the router's figures itself (`Observation.router`, a
-    `sample.RouterSample`: rule 4c), they are given there as the operator's source reads
-    them: streams on the pods and queued now, streams arriving per second, each pod's slots
-    summed over the routers, the Ready pods. Where it does not (before that input), they are
-    given in Triton's terms: waiting = the router's queue now, in flight = its sessions plus
-    its queue (averaged over the rate window), queue latency = the mean queue over the
-    completion rate (Little's law; HAProxy's queue-time average is not used, issue 30)."""
-    queue = router.mean_queue
-    in_flight = router.mean_sessions + queue
-    extra: dict[str, object] = {}
-    reading = getattr(scaling_sample, "RouterSample", None)
-    if reading is not None and "router" in {f.name for f in fields(scaling.Observation)}:
-        model = plant.router
-        extra["router"] = reading(
-            available=True,
-            unavailable_reason="",
-            message="",
-            in_flight=router.sessions,
-            queued=router.queue,
-            stream_rate=router.stream_rate,
-            slots_per_pod=float(model.replicas * model.slots_per_pod(plant.model.slots)),
-            active_servers=float(len(plant.routable)),
-            routers_seen=model.replicas,
-        )
-    return scaling.Observation(
-        time=moment,
+def _router_reading(view: RouterView, plant: Plant) -> RouterSample:
+    """The router's figures as the operator's source reads them (`sample.RouterSample`):
+    streams on the pods and queued now (the gauges' last samples), streams arriving per
+    second over the window, each pod's slots summed over the routers (their maxconn), the
+    Ready pods a router sees."""
+    model = plant.router
+    return RouterSample(
         available=True,
         unavailable_reason="",
         message="",
-        queue_latency_ms=1e3 * queue / max(completions, 1e-6) if queue else 0.0,
-        pending_requests=router.queue + triton_pending,
-        in_flight=in_flight,
-        completion_rate=completions,
-        no_traffic=completions == 0 and in_flight == 0 and router.queue == 0,
-        **extra,  # type: ignore[arg-type]
+        in_flight=view.sessions,
+        queued=view.queue,
+        stream_rate=view.stream_rate,
+        slots_per_pod=float(model.replicas * model.slots_per_pod(plant.model.slots)),
+        active_servers=float(len(plant.routable)),
+        routers_seen=model.replicas,
     )
-
-
-def reads_router_sample() -> bool:
-    """Whether the policy takes the router's reading itself (rule 4c)."""
-    return getattr(scaling_sample, "RouterSample", None) is not None and "router" in {
-        f.name for f in fields(scaling.Observation)
-    }
 
 
 @dataclass
