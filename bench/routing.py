@@ -368,6 +368,9 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--sim", type=Path, default=RESULTS / "sim.json")
     parser.add_argument("--out", type=Path, default=RESULTS / "routing")
+    parser.add_argument(
+        "--commit", default="", help="the commit of a snapshot run (default: this checkout's)"
+    )
     args = parser.parse_args()
     started = time.monotonic()
     exp = ex.default_experiment(str(default_trace()), 5.0, 1)
@@ -384,7 +387,7 @@ def main() -> int:
         "train_seeds": args.train_seeds,
         "eval_seeds": args.seeds,
         "train_mean_load_pods": load,
-        "commit": _git("rev-parse", "HEAD"),
+        "commit": args.commit or _git("rev-parse", "HEAD"),
         "uncommitted_autoscaling": _git(
             "status", "--porcelain", "--", "operator/cosyvoice_operator/autoscaling"
         ),
