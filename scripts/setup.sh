@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the operator, its tests and the local cluster need on a fresh machine:
-# a virtualenv with the package (editable) and its test tools, Debian's Prometheus and CPU torch,
+# a virtualenv with the package (editable) and its test tools, Debian's Prometheus, HAProxy
+# and CPU torch,
 # and the control-plane binaries (built once from the Go module proxy into ~/.cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +44,9 @@ apt_install() {  # Debian packages, as root (or through sudo -n); services stay 
     fi
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
-    if [ -d /run/systemd/system ]; then systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
+    if [ -d /run/systemd/system ]; then
+      systemctl disable --now prometheus haproxy >/dev/null 2>&1 || true
+    fi
   ' apt_install "$@"
 }
 # promtool (the chart's alert rules are checked and unit-tested with it) comes in the same
@@ -52,6 +55,11 @@ apt_install() {  # Debian packages, as root (or through sudo -n); services stay 
 packages=()
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   packages+=(prometheus)
+fi
+# The closed loop's router (issue 30): Debian's HAProxy 2.6, binary only (its service stays
+# off like Prometheus's); the tests run it on loopback with the config the operator renders.
+if ! command -v haproxy >/dev/null && [ ! -x /usr/sbin/haproxy ]; then
+  packages+=(haproxy)
 fi
 if [ ! -d /usr/lib/python3/dist-packages/torch ]; then
   packages+=(python3-torch)

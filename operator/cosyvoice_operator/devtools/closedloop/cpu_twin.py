@@ -238,27 +238,38 @@ def server_command(work: Path) -> tuple[list[str], dict[str, str]]:
 
 
 class TritonServer:
-    """``tritonserver`` from the pytriton wheel on free 127.0.0.1 ports, for one repository."""
+    """``tritonserver`` from the pytriton wheel on free 127.0.0.1 ports, for one repository;
+    or on ``host`` (a loopback address of its own, a pod's) with the given ``ports`` (HTTP,
+    gRPC, metrics: Triton's 8000, 8001, 8002 where each pod has its own address)."""
 
-    def __init__(self, repository: Path, work: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        work: Path,
+        env: Mapping[str, str] | None = None,
+        *,
+        host: str = "127.0.0.1",
+        ports: tuple[int, int, int] | None = None,
+    ) -> None:
         self.repository = repository
         self.work = work
-        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
+        self.host = host
+        self.http_port, self.grpc_port, self.metrics_port = ports or free_ports(3)
         self.log = work / "tritonserver.log"
         self.extra_env = dict(env or {})
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def http(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"http://{self.host}:{self.http_port}"
 
     @property
     def grpc(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self.host}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def start(self, ready_timeout: float = 90.0) -> None:
         command, env = server_command(self.work)
@@ -266,6 +277,9 @@ class TritonServer:
         argv = [
             *command,
             f"--model-repository={self.repository}",
+            f"--http-address={self.host}",
+            f"--grpc-address={self.host}",
+            f"--metrics-address={self.host}",
             "--strict-readiness=true",
             f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}",

@@ -36,6 +36,7 @@ handful of servers fit beside the control plane. The cap changes a pod's capacit
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import shutil
@@ -51,8 +52,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from cosyvoice_operator.api.spec import ServiceSpec
-from cosyvoice_operator.devtools.closedloop import cpu_twin
+from cosyvoice_operator.devtools.closedloop import cpu_twin, router
 from cosyvoice_operator.devtools.closedloop.prometheus import write_targets
+from cosyvoice_operator.devtools.closedloop.router import SrvDirectory
 from cosyvoice_operator.render import triton
 
 # Where the rendered configs point for engine files; the stand-ins read none of them.
@@ -127,6 +129,7 @@ class PodProcess:
     gone: bool = False  # the pod went while its server was starting
     started_at: float = field(default_factory=time.monotonic)
     live_at: float | None = None
+    health: router.PodHealth | None = None  # cosyvoice-serve's /ready, where pods have addresses
 
 
 class PodServers:
@@ -159,6 +162,11 @@ class PodServers:
         max_instances: int | None = 2,
         poll_seconds: float = 1.0,
         parallel_starts: int = 2,
+        addresses: str | None = None,
+        directory: SrvDirectory | None = None,
+        extra_targets: Mapping[str, tuple[str, str]] | None = None,
+        drained: Callable[[str], bool] | None = None,
+        drain_timeout: float = 60.0,
     ) -> None:
         self.svc = svc
         self.work = work
@@ -190,6 +198,19 @@ class PodServers:
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         self._serial = itertools.count()
+        # As in a cluster (issue 30): each pod its own loopback address in the block
+        # ``addresses`` (127.a.b.n, n from 2; .1 is the router's) with Triton's ports, and
+        # cosyvoice-serve's /ready on 8003; the live ones are the ``directory``'s SRV answers.
+        self.addresses = addresses
+        self.directory = directory
+        self.extra_targets = dict(extra_targets or {})
+        self._hosts = itertools.count(2)
+        # A pod that goes drains first where ``drained`` is given (its address -> nothing new
+        # routed to it and no stream in flight: FleetRouter.drained): its /ready answers 503
+        # and it has left the DNS answers; its process stops once drained (or after
+        # ``drain_timeout``), as cosyvoice-serve stops Triton after SIGTERM.
+        self.drained = drained
+        self.drain_timeout = drain_timeout
 
     # -- lifecycle --
 
@@ -283,8 +304,17 @@ class PodServers:
         repository = cpu_twin.write_repository(self.repository, work / "models")
         if self.ours is not None:
             shutil.copy(self.ours, repository / self.model / "1" / "model.py")
-        server = cpu_twin.TritonServer(repository, work, env=self.env)
-        process = PodProcess(pod, server)
+        if self.addresses is None:
+            server = cpu_twin.TritonServer(repository, work, env=self.env)
+            health = None
+        else:
+            host = f"{self.addresses}.{next(self._hosts)}"
+            if host.endswith(".255"):
+                raise RuntimeError(f"pod addresses of {self.addresses}.0/24 used up")
+            ports = (router.HTTP_PORT, router.GRPC_PORT, router.METRICS_PORT)
+            server = cpu_twin.TritonServer(repository, work, env=self.env, host=host, ports=ports)
+            health = router.PodHealth(host, router.triton_ready(server.http))
+        process = PodProcess(pod, server, health=health)
         self._processes[pod] = process
         self._spawn(self._boot, process)
 
@@ -298,6 +328,8 @@ class PodServers:
             if not process.gone:
                 try:
                     process.server.start()
+                    if process.health is not None:
+                        process.health.start()
                 except Exception as err:
                     process.server.stop()
                     if process.gone:  # stopped while starting: not a failure
@@ -315,6 +347,16 @@ class PodServers:
         self._halt(process)
 
     def _halt(self, process: PodProcess) -> None:
+        if process.health is not None:
+            if self.drained is not None and not self._stop.is_set():
+                process.health.draining = True
+                deadline = time.monotonic() + self.drain_timeout
+                while time.monotonic() < deadline and not self._stop.is_set():
+                    with contextlib.suppress(Exception):
+                        if self.drained(process.server.host):
+                            break
+                    time.sleep(0.1)
+            process.health.stop()
         process.server.stop()
         with self._lock:
             if process.state != "stopped":
@@ -323,14 +365,26 @@ class PodServers:
                 self.history.append((time.monotonic(), process.pod, "stopped"))
 
     def _write_targets(self) -> None:
-        write_targets(
-            self.targets,
-            {
-                f"127.0.0.1:{p.server.metrics_port}": (self.namespace, p.pod)
-                for p in self._processes.values()
-                if p.state == "live"
-            },
-        )
+        live = [p for p in self._processes.values() if p.state == "live"]
+        targets = {
+            f"{p.server.host}:{p.server.metrics_port}": (self.namespace, p.pod) for p in live
+        }
+        write_targets(self.targets, {**targets, **self.extra_targets})
+        if self.directory is not None:
+            self.directory.set({p.pod: p.server.host for p in live})
+
+    def drain(self, pod: str) -> None:
+        """The pod starts draining (its /ready answers 503, as cosyvoice-serve's on SIGTERM):
+        the router sends it no new stream; the pod stays listed until it goes."""
+        with self._lock:
+            process = self._processes[pod]
+        if process.health is None:
+            raise ValueError("draining needs pods with addresses (addresses=...)")
+        process.health.draining = True
+
+    def addresses_of(self) -> dict[str, str]:
+        """Pod -> its address, for the live pods."""
+        return {pod: server.host for pod, server in self.live().items()}
 
     # -- what runs --
 

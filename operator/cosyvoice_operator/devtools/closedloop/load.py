@@ -1,6 +1,12 @@
-"""The closed loop's load: streaming gRPC requests to the orchestrator, round-robin over the
-live Triton processes, at a concurrency (closed loop) and/or a rate (open loop, Poisson
-arrivals); each request's first-chunk latency and completion recorded."""
+"""The closed loop's load: streaming gRPC requests to the orchestrator at a concurrency (closed
+loop) and/or a rate (open loop, Poisson arrivals); each request's first-chunk latency and
+completion recorded.
+
+Through the router (``through=``, issue 30): every request is one ``ModelStreamInfer`` stream
+on ONE client channel to HAProxy, as a gateway or a client with one channel sends them; the
+router picks the pod per stream. Without it (kept for the tests of Triton on its own): the
+generator picks a Triton process per request itself, round-robin, which no Kubernetes Service
+does for gRPC."""
 
 from __future__ import annotations
 
@@ -16,9 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import tritonclient.grpc as grpcclient
 
 from cosyvoice_operator.devtools.closedloop.cpu_twin import request_inputs
+from cosyvoice_operator.devtools.closedloop.router import open_stream, stream_request
 
 DEFAULT_TEXT = "Hello from the closed loop."
 
@@ -56,8 +64,10 @@ def _quantile(values: Sequence[float], q: float) -> float | None:
 
 
 class LoadGenerator:
-    """Streaming gRPC requests to ``model``, round-robin over ``servers()`` (gRPC addresses,
-    asked again for every request, so that servers joining or leaving are followed).
+    """Streaming gRPC requests to ``model``: with ``through`` (the router's gRPC address),
+    each a stream on one channel to it (``servers`` is not asked); else round-robin over
+    ``servers()`` (gRPC addresses, asked again for every request, so that servers joining or
+    leaving are followed).
 
     Two knobs, usable together: ``set_concurrency(n)`` keeps ``n`` requests in flight
     (closed loop: each worker sends its next request when the last one ends);
@@ -75,8 +85,12 @@ class LoadGenerator:
         timeout: float = 60.0,
         max_outstanding: int = 64,
         seed: int = 0,
+        through: str | None = None,
     ) -> None:
         self.servers = servers
+        self.through = through
+        # One HTTP/2 connection for every stream of this generator.
+        self._channel = grpc.insecure_channel(through) if through else None
         self.model = model
         self.text = text
         self.timeout = timeout
@@ -132,6 +146,8 @@ class LoadGenerator:
         self.stop()
         self._closed = True
         self._pool.shutdown(wait=True)
+        if self._channel is not None:
+            self._channel.close()
 
     def __enter__(self) -> LoadGenerator:
         return self
@@ -231,7 +247,52 @@ class LoadGenerator:
             with contextlib.suppress(Exception):
                 client.close()
 
+    def _through_router(self, started: float) -> RequestRecord:
+        """One stream on the generator's channel to the router."""
+        assert self._channel is not None and self.through is not None
+        first: float | None = None
+        errors: list[str] = []
+        done = False
+        request = stream_request(self.model, request_inputs(self.text), uuid.uuid4().hex)
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+        call = open_stream(self._channel, request, timeout=self.timeout)
+        try:
+            for message in call:
+                if message.error_message:
+                    errors.append(message.error_message)
+                    break
+                response = message.infer_response
+                names = [output.name for output in response.outputs]
+                audio = (
+                    "waveform" in names and response.raw_output_contents[names.index("waveform")]
+                )
+                if first is None and audio:
+                    first = time.monotonic()
+                if response.parameters["triton_final_response"].bool_param:
+                    done = True
+                    break
+        except grpc.RpcError as err:
+            errors.append(f"{err.code().name}: {err.details()}")
+        finally:
+            call.cancel()  # no-op after the final response; else the stream is given up
+        end = time.monotonic()
+        if not errors and not done:
+            errors.append("the stream ended without a final response")
+        if not errors and first is None:
+            errors.append("no audio before the final response")
+        return self._record(
+            RequestRecord(
+                server=self.through,
+                started=started,
+                first_chunk_s=first - started if first is not None else None,
+                total_s=None if errors else end - started,
+                error="; ".join(errors)[:300],
+            )
+        )
+
     def _one(self, started: float) -> RequestRecord:
+        if self.through is not None:
+            return self._through_router(started)
         urls = list(self.servers())
         if not urls:
             return self._record(RequestRecord("", started, None, None, "no live server"))
