@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from cosyvoice_operator.devtools.sim import experiment as ex
-from cosyvoice_operator.devtools.sim import policies
+from cosyvoice_operator.devtools.sim import oracle, policies
 from cosyvoice_operator.devtools.sim.command import default_trace
 from cosyvoice_operator.devtools.sim.engine import SimConfig, simulate
 from cosyvoice_operator.devtools.sim.plant import P2C, ROUND_ROBIN, ROUTER, RouterModel
@@ -56,6 +56,9 @@ BASELINES = ("hpa", "hpa-concurrency", "keda", "kpa", "llmd")
 VARIABILITIES = (0.15, 0.2, 0.3)
 REPLICAS = (1, 2, 3)
 BASELINE_REPLICAS = 2  # the operator's default router replicas
+# The evaluation traces (`experiment.default_experiment`'s evals): the conversation trace's
+# second half, the 24-hour day, the deep-trough day, the week.
+EVALS = {"conv": 0, "day": 1, "deep": 6, "week": 7}
 # The baselines' grid behind the router (smaller than bench/sim.py's: 3 targets x 2 floors x
 # one scale-down window of 300 s, which sim.json's choices all have but HPA's).
 GRID_TARGETS = {
@@ -96,7 +99,7 @@ def config_for(routing: str, replicas: int, base: SimConfig) -> SimConfig:
 def run(task: Task) -> dict[str, Any]:
     phase, group, policy, params, routing, replicas, part, seed = task
     exp = ex.default_experiment(str(default_trace()), 5.0, 1)
-    recipe = exp.train if part == "train" else exp.evals[0]
+    recipe = exp.train if part == "train" else exp.evals[int(part.removeprefix("eval:"))]
     trace = recipe.build(seed)
     base = replace(exp.config, initial_replicas=ex.initial_replicas(recipe.build(0), exp.config))
     config = config_for(routing, replicas, base)
@@ -182,24 +185,49 @@ def choose(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def evaluation_tasks(
-    chosen: dict[str, dict[str, Any]], sim: dict[str, Any], seeds: Sequence[int]
+    chosen: dict[str, dict[str, Any]],
+    sim: dict[str, Any],
+    seeds: Sequence[int],
+    part: str = "eval:0",
+    groups: Sequence[str] = (),
 ) -> list[Task]:
+    """Every chosen configuration on the evaluation trace ``part`` (only ``groups``, when
+    given: the long traces run a few)."""
     tasks: list[Task] = []
     on_train = sim["summary"]["chosen_on_train"]
     for policy in (*BASELINES, "static", "cosyvoice"):
         label = "ours" if policy == "cosyvoice" else policy
         params = on_train[policy]["params"]
-        tasks += [
-            ("eval", f"{label} behind a Service", policy, params, ROUND_ROBIN, 1, "eval", s)
-            for s in seeds
-        ]
+        group = f"{label} behind a Service"
+        tasks += [("eval", group, policy, params, ROUND_ROBIN, 1, part, s) for s in seeds]
     for group, c in chosen.items():
         routing = c["routing"]
         r = routing.get("router_replicas", 1)
         tasks += [
-            ("eval", group, c["policy"], c["params"], routing["mode"], r, "eval", s) for s in seeds
+            ("eval", group, c["policy"], c["params"], routing["mode"], r, part, s) for s in seeds
         ]
-    return tasks
+    return [t for t in tasks if not groups or t[1] in groups]
+
+
+def bound(task: tuple[str, int, int]) -> dict[str, Any]:
+    """The clairvoyant schedule (`oracle.search`, one share per bucket, sized on one pooled
+    queue behind the router) on one evaluation trace and seed, with the work bound."""
+    part, replicas, seed = task
+    exp = ex.default_experiment(str(default_trace()), 5.0, 1)
+    recipe = exp.evals[int(part.removeprefix("eval:"))]
+    trace = recipe.build(seed)
+    base = replace(exp.config, initial_replicas=ex.initial_replicas(recipe.build(0), exp.config))
+    config = config_for(ROUTER, replicas, base)
+    b = oracle.search(trace, config, seed, ex.GOAL_ATTAINMENT)
+    return {
+        "group": f"clairvoyant schedule behind the router, R={replicas}",
+        "trace": recipe.name,
+        "seed": seed,
+        "routing": config.routing_json(),
+        "miss": b.miss,
+        "work_bound_gpu_hours": b.work_bound_gpu_hours,
+        "tried": [list(t) for t in b.tried],
+    } | {k: v for k, v in asdict(b.outcome).items() if k != "timeline"}
 
 
 def execute(tasks: list[Task], jobs: int) -> list[dict[str, Any]]:
@@ -302,6 +330,28 @@ def verdicts(rows: Sequence[dict[str, Any]], table: list[dict[str, Any]]) -> lis
     return out
 
 
+def bound_ratios(
+    rows: Sequence[dict[str, Any]], bounds: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Ours behind the router (same R) over the clairvoyant schedule, paired per seed."""
+    out = []
+    for group in dict.fromkeys(b["group"] for b in bounds):
+        mine = [b for b in bounds if b["group"] == group]
+        r = mine[0]["routing"]["router_replicas"]
+        ours = [x for x in rows if x["group"] == f"ours behind the router, R={r}"]
+        entry: dict[str, Any] = {
+            "group": group,
+            "seeds": len(mine),
+            "attainment": pooled(mine),
+            "gpu_hours": statistics.mean(b["gpu_hours"] for b in mine),
+            "work_bound_gpu_hours": statistics.mean(b["work_bound_gpu_hours"] for b in mine),
+        }
+        if ours:
+            entry["ours_over_bound"] = paired(ours, mine)
+        out.append(entry)
+    return out
+
+
 def markdown(doc: dict[str, Any]) -> str:
     lines = [
         f"Evaluation trace: {doc['eval_trace']}, {doc['eval_seeds']} seeds (paired); choices on "
@@ -350,6 +400,15 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"{'fewer' if v['fewer_events'] else 'NOT fewer'})"
             )
         lines.append("; ".join(parts))
+    for b in doc.get("bound_ratios", []):
+        line = (
+            f"- {b['group']}: {100 * b['attainment']:.2f} %, {b['gpu_hours']:.1f} GPU-h "
+            f"({b['seeds']} seeds; work bound {b['work_bound_gpu_hours']:.1f})"
+        )
+        if "ours_over_bound" in b:
+            c = b["ours_over_bound"]
+            line += f"; ours / it: {c['mean']:.3f}x [{c['low']:.3f}, {c['high']:.3f}]"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -371,20 +430,46 @@ def main() -> int:
     parser.add_argument(
         "--commit", default="", help="the commit of a snapshot run (default: this checkout's)"
     )
+    parser.add_argument(
+        "--eval", choices=tuple(EVALS), default="conv", help="the evaluation trace (default conv)"
+    )
+    parser.add_argument(
+        "--chosen",
+        type=Path,
+        help="take the training choices of an earlier routing.json instead of training again",
+    )
+    parser.add_argument(
+        "--groups", default="", help="evaluate only these groups (';'-separated labels)"
+    )
+    parser.add_argument(
+        "--bound",
+        default="",
+        help="router replicas (e.g. '1,2') to run the clairvoyant schedule behind, per seed",
+    )
     args = parser.parse_args()
     started = time.monotonic()
     exp = ex.default_experiment(str(default_trace()), 5.0, 1)
     load = ex.mean_load_pods(exp.train.build(0), exp.config)
-    train_rows = execute(training_tasks(load, range(args.train_seeds)), args.jobs)
-    chosen = choose(train_rows)
+    if args.chosen:
+        earlier = json.loads(args.chosen.read_text())
+        chosen, train_rows = earlier["chosen_on_train"], []
+        train_seeds = earlier["train_seeds"]
+    else:
+        train_rows = execute(training_tasks(load, range(args.train_seeds)), args.jobs)
+        chosen, train_seeds = choose(train_rows), args.train_seeds
     print(f"training: {len(train_rows)} runs, {time.monotonic() - started:.0f} s", file=sys.stderr)
     sim = json.loads(args.sim.read_text())
-    eval_rows = execute(evaluation_tasks(chosen, sim, range(args.seeds)), args.jobs)
+    part = f"eval:{EVALS[args.eval]}"
+    groups = tuple(g for g in args.groups.split(";") if g)
+    eval_rows = execute(evaluation_tasks(chosen, sim, range(args.seeds), part, groups), args.jobs)
+    bound_tasks = [(part, int(r), s) for r in args.bound.split(",") if r for s in range(args.seeds)]
+    with ProcessPoolExecutor(args.jobs) as pool:
+        bounds = list(pool.map(bound, bound_tasks, chunksize=1))
     table = summarize(eval_rows)
     doc = {
         "train_trace": exp.train.name,
-        "eval_trace": exp.evals[0].name,
-        "train_seeds": args.train_seeds,
+        "eval_trace": exp.evals[EVALS[args.eval]].name,
+        "train_seeds": train_seeds,
         "eval_seeds": args.seeds,
         "train_mean_load_pods": load,
         "commit": args.commit or _git("rev-parse", "HEAD"),
@@ -394,13 +479,16 @@ def main() -> int:
         "chosen_on_train": chosen,
         "table": table,
         "verdicts": verdicts(eval_rows, table),
+        "bounds": bounds,
+        "bound_ratios": bound_ratios(eval_rows, bounds),
         "elapsed_s": round(time.monotonic() - started, 1),
         "runs": train_rows + eval_rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "routing.json").write_text(json.dumps(doc, indent=1))
+    name = "routing" if args.eval == "conv" else f"routing-{args.eval}"
+    (args.out / f"{name}.json").write_text(json.dumps(doc, indent=1))
     text = markdown(doc)
-    (args.out / "routing.md").write_text(text)
+    (args.out / f"{name}.md").write_text(text)
     print(text)
     print(f"{len(train_rows) + len(eval_rows)} runs in {doc['elapsed_s']} s", file=sys.stderr)
     return 0

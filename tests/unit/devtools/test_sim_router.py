@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from cosyvoice_operator.autoscaling.queueing import pooled_replicas_for_miss
+from cosyvoice_operator.devtools.sim import oracle
 from cosyvoice_operator.devtools.sim.engine import SimConfig, simulate
 from cosyvoice_operator.devtools.sim.plant import (
     P2C,
@@ -173,3 +175,17 @@ def test_ours_behind_the_router_holds_without_the_routers_series() -> None:
     prom.scrape_router(0.0, 0, 0, 0)
     prom.scrape_router(15.0, 0, 0, 0)
     assert Ours(params).observation(20.0, plant, prom).available
+
+
+def test_the_clairvoyant_schedule_behind_the_router_sizes_one_pooled_queue() -> None:
+    model = ServiceModel()  # L20: 4 slots
+    arrivals = [i * 0.25 for i in range(240)]  # 4 per second for a minute
+    budget = 0.39
+    per_pod = oracle.bucket_needs(arrivals, [8.0] * 240, model, 60.0, budget, 0.01)
+    pooled = oracle.bucket_needs(arrivals, [8.0] * 240, model, 60.0, budget, 0.01, 4)
+    load = 240 * model.service_seconds(8.0) / 60.0
+    service = model.service_seconds(8.0)
+    assert pooled == [pooled_replicas_for_miss(load, 4, service, budget, 0.01)]
+    assert pooled[0] < per_pod[0]  # one queue over the fleet needs fewer pods
+    assert oracle.pooled_slots(SimConfig(routing=ROUTER, router=RouterModel(3))) == 3
+    assert oracle.pooled_slots(SimConfig()) == 0

@@ -19,7 +19,8 @@ Two numbers per trace and seed, one on each side of the true optimum:
   rate ``lambda`` and mean service time ``s`` (from the requests that arrive in it, known in
   advance), and the fewest replicas ``n`` whose Erlang C tail at ``lambda x s / n`` Erlangs
   per pod leaves at most a share ``m`` of requests waiting longer than the SLO's budget
-  (``slo - first chunk with every slot busy``; `queueing.replicas_for_miss`, variability 1),
+  (``slo - first chunk with every slot busy``; `queueing.replicas_for_miss`, variability 1;
+  behind the router one pooled queue, `queueing.pooled_replicas_for_miss`),
   at least one. Pods are asked for a cold start (and one evaluation interval) ahead: the
   count set at ``t`` is the largest need of the buckets over ``[t, t + cold start +
   interval]``, which is the least a fleet can have at ``t`` to have every later bucket's
@@ -56,9 +57,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from cosyvoice_operator.autoscaling.queueing import miss_probability, replicas_for_miss
+from cosyvoice_operator.autoscaling.queueing import (
+    miss_probability,
+    pooled_replicas_for_miss,
+    replicas_for_miss,
+)
 from cosyvoice_operator.devtools.sim.engine import Outcome, SimConfig, played, simulate
-from cosyvoice_operator.devtools.sim.plant import Plant, Prometheus, ServiceModel
+from cosyvoice_operator.devtools.sim.plant import ROUTER, Plant, Prometheus, ServiceModel
 from cosyvoice_operator.devtools.sim.policies import Params, Verdict
 from cosyvoice_operator.devtools.sim.trace import Trace
 
@@ -97,10 +102,13 @@ def bucket_needs(
     end_s: float,
     budget_s: float,
     miss: float,
+    pooled_slots: int = 0,
 ) -> list[int]:
     """Per bucket of ``BUCKET_S``: the fewest replicas (at least 1) whose Erlang C tail at the
     bucket's own arrival rate and mean service time keeps the share waiting longer than
-    ``budget_s`` at most ``miss``."""
+    ``budget_s`` at most ``miss``: each pod its own queue (round-robin), or, with
+    ``pooled_slots`` (the slots a router uses of each pod), one queue over the fleet's slots
+    (M/M/(n x c), behind the router)."""
     needs = []
     for k, w in _buckets(arrivals, audio, model, end_s):
         if k == 0:
@@ -108,8 +116,21 @@ def bucket_needs(
             continue
         service = w / k
         load = w / BUCKET_S  # Erlangs: arrival rate x mean service time
-        needs.append(max(1, replicas_for_miss(load, model.slots, service, budget_s, miss, 1.0)))
+        if pooled_slots:
+            n = pooled_replicas_for_miss(load, pooled_slots, service, budget_s, miss, 1.0)
+        else:
+            n = replicas_for_miss(load, model.slots, service, budget_s, miss, 1.0)
+        needs.append(max(1, n))
     return needs
+
+
+def pooled_slots(config: SimConfig) -> int:
+    """The slots of each pod one fleet queue uses behind the router (R x floor(slots / R)),
+    0 under the other routings (each pod queues alone)."""
+    if config.routing != ROUTER:
+        return 0
+    r = config.router_model()
+    return r.replicas * r.slots_per_pod(config.service.slots)
 
 
 def priced_needs(
@@ -201,7 +222,13 @@ def schedule_run(trace: Trace, config: SimConfig, miss: float) -> Outcome:
     """The oracle schedule with share ``miss``, run through the plant."""
     arrivals, audio, warm, _ = played(trace, config.warmup_s)
     needs = bucket_needs(
-        arrivals, audio, config.service, warm + trace.duration_s, budget_seconds(config), miss
+        arrivals,
+        audio,
+        config.service,
+        warm + trace.duration_s,
+        budget_seconds(config),
+        miss,
+        pooled_slots(config),
     )
     controller = OracleSchedule(needs, config.cold_start_s + INTERVAL_S)
     return replace(simulate(trace, controller, config), timeline=())
