@@ -163,6 +163,37 @@ def test_the_rendered_config_passes_haproxy_check(world: Any) -> None:
     assert f"nameserver dns1 {w.directory.address}" in rendered
 
 
+def test_a_clusters_rendered_config_runs_here_with_only_the_pods_environment_changed(
+    tmp_path: Path,
+) -> None:
+    """localize: the cluster's config (cluster DNS from resolv.conf, binds on every address,
+    /var/run/haproxy) is the loopback one the same renderer writes for this machine."""
+    from dataclasses import replace
+
+    from cosyvoice_operator.render.router import RouterConfig, ServerSource
+
+    cluster = RouterConfig(
+        servers=ServerSource.dns(HEADLESS, NS),
+        slots_per_server=3,
+        server_slots=8,
+        queue_timeout_ms=4500,
+    )
+    here = replace(
+        cluster,
+        servers=ServerSource.dns(HEADLESS, NS, nameserver="127.0.0.1:5353"),
+        bind_address="127.9.9.1",
+        runtime_dir=str(tmp_path),
+    )
+    localized = router.localize(
+        haproxy_config(cluster),
+        address="127.9.9.1",
+        nameserver="127.0.0.1:5353",
+        runtime_dir=tmp_path,
+    )
+    assert localized == haproxy_config(here)
+    assert "parse-resolv-conf" in haproxy_config(cluster)
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="rendered DNS health check (check port 8003 check-proto h1 on server-template) "

@@ -6,7 +6,13 @@ both examples; for ``cosyvoice3`` (autoscaled) a real Prometheus and a real CPU 
 per Ready pod (``devtools.closedloop``), and a streaming load that rises and falls. A table,
 redrawn in place on a terminal (on a pipe: only what changed), shows each service's phase,
 ready / desired replicas, the Tritons behind them, the queue latency Prometheus reports and
-the autoscaler's latest reason.
+the autoscaler's latest reason; above it, the router's queue and the streams per pod.
+
+The load goes as a cluster's clients send it (issue 30): through the service's router, a real
+HAProxy on the config the operator rendered (its ConfigMap, run on loopback:
+``devtools.closedloop.router``), on ONE gRPC channel; the router finds the Tritons by DNS SRV
+as in a cluster, each on an address of its own. A service in ``routing.mode: Service`` is
+loaded without a router, round-robin over the Tritons, as before.
 
 A run starts from an empty cluster unless ``--keep-state`` (the last run's services, engines
 and Events otherwise look like this run's). ``--cycles N`` stops after N rises and falls that
@@ -47,6 +53,10 @@ DEMO_AUTOSCALING: dict[str, Any] = {
 METRICS_WINDOW_SECONDS = 10  # the operator's rate window (COSYVOICE_METRICS_WINDOW_SECONDS)
 SERVICE_SECONDS = 0.4  # each request holds an orchestrator instance this long
 MAX_INSTANCES = 2  # per model of each twin: two streams at once per pod
+# What the router is told (issue 30): each pod's slots are the twin's (slotsPerPod), one
+# router pod (so the one HAProxy here is all of it).
+DEMO_SLOTS: dict[str, Any] = {"slo": {"slotsPerPod": MAX_INSTANCES}}
+DEMO_ROUTER: dict[str, Any] = {"replicas": 1}
 # The load: (streams, seconds) while rising and falling; the peak holds until the fleet has
 # grown to maxReplicas and the latency is back under the target.
 RISE = ((2, 10.0), (4, 10.0))
@@ -91,11 +101,14 @@ def demo_services() -> list[dict[str, Any]]:
                 doc = copy.deepcopy(doc)
                 autoscaling = doc["spec"]["autoscaling"]
                 autoscaling.pop("schedules", None)
-                for key, value in DEMO_AUTOSCALING.items():
+                for key, value in {**DEMO_AUTOSCALING, **DEMO_SLOTS}.items():
                     if isinstance(value, dict):
                         autoscaling.setdefault(key, {}).update(value)
                     else:
                         autoscaling[key] = value
+                routing = doc["spec"].setdefault("routing", {})
+                if routing.get("mode", "Router") == "Router":
+                    routing.setdefault("router", {}).update(DEMO_ROUTER)
             services.append(doc)
     return services
 
@@ -110,7 +123,9 @@ def banner(prometheus_url: str | None, without_loop: str | None) -> str:
         real += (
             f"Prometheus (Debian's, {prometheus_url}) and one tritonserver per Ready "
             f"{AUTOSCALED} pod (Triton 2.51 from the pytriton wheel, on CPU) loading the model "
-            "repository the operator rendered, fed a streaming gRPC load by this process."
+            "repository the operator rendered, fed a streaming gRPC load by this process on "
+            "one channel through the service's router (Debian's HAProxy on the config the "
+            "operator rendered, the pods found by DNS SRV)."
         )
     else:
         real += f"nothing else: the closed loop is off ({without_loop})."
@@ -254,6 +269,7 @@ class Demo:
         self.prometheus: Any = None
         self.servers: Any = None
         self.load: Any = None
+        self.fleet: Any = None  # the router (mode Router), once its config is rendered
         self.shape = Load()
         self.observed = Observed()
         self.min_replicas = 1
@@ -263,6 +279,7 @@ class Demo:
         self._last_rows: dict[str, list[str]] = {}
         self._last_decision: dict[str, Any] = {}
         self._history_seen = 0
+        self._last_router_line = ""
         self._failures_seen = 0
         self.changes: list[str] = []
 
@@ -288,18 +305,33 @@ class Demo:
             [autoscaled] = [s for s in services if s["metadata"]["name"] == AUTOSCALED]
             a = autoscaled["spec"]["autoscaling"]
             self.min_replicas = int(a.get("minReplicas", 1))
+            spec = parse(autoscaled["spec"])
+            routed: dict[str, Any] = {}
+            if spec.routing.mode == "Router":
+                from cosyvoice_operator.devtools.closedloop.router import FleetRouter
+
+                self.fleet = FleetRouter(
+                    self.work / "router", service=AUTOSCALED, namespace=self.namespace
+                ).start(router=False)  # its DNS now; HAProxy once the operator rendered it
+                routed = {
+                    "addresses": self.fleet.block,
+                    "directory": self.fleet.directory,
+                    "drained": self.fleet.drained,
+                    "extra_targets": self._router_targets,
+                }
             self.servers = PodServers(
-                parse(autoscaled["spec"]),
+                spec,
                 self.work / "pods",
                 targets,
                 namespace=self.namespace,
                 pods=self._ready_pods,
                 service_seconds=SERVICE_SECONDS,
                 max_instances=MAX_INSTANCES,
+                **routed,
             ).start()
         self._start_operator(prometheus_url)
         kubectl("apply", "-n", self.namespace, "-f", "-", input=json.dumps(_list(services)))
-        if self.servers is not None:
+        if self.servers is not None and self.fleet is None:
             from cosyvoice_operator.devtools.closedloop.load import LoadGenerator
             from cosyvoice_operator.render import triton
 
@@ -337,6 +369,9 @@ class Demo:
         if self.servers is not None:
             self.servers.stop()
             self.servers = None
+        if self.fleet is not None:
+            self.fleet.stop()
+            self.fleet = None
         if self.operator is not None and self.operator.poll() is None:
             self.operator.terminate()
             try:
@@ -348,10 +383,11 @@ class Demo:
             self.prometheus.stop()
             self.prometheus = None
 
-    def _ready_pods(self) -> list[str]:
+    def _ready_pods(self, component: str = f"!={labels.ROUTER_COMPONENT}") -> list[str]:
+        """The Ready serving pods (the router's carry the service's label too: not these)."""
+        selector = f"{labels.SERVICE_LABEL}={AUTOSCALED},{labels.COMPONENT_LABEL}{component}"
         out = self.cluster.kubectl(
-            "get", "pods", "-n", self.namespace, "-l", f"{labels.SERVICE_LABEL}={AUTOSCALED}",
-            "-o", "json",
+            "get", "pods", "-n", self.namespace, "-l", selector, "-o", "json",
         )  # fmt: skip
         names = []
         for pod in json.loads(out)["items"]:
@@ -362,6 +398,50 @@ class Demo:
             if ready and not pod["metadata"].get("deletionTimestamp"):
                 names.append(pod["metadata"]["name"])
         return sorted(names)
+
+    def _router_targets(self) -> dict[str, tuple[str, str]]:
+        """The router's exporter for Prometheus, labelled with the router pod's name (the
+        autoscaler reads the Ready router pods' series)."""
+        if self.fleet is None:
+            return {}
+        routers = self._ready_pods(f"={labels.ROUTER_COMPONENT}")
+        if not routers:
+            return {}
+        [(address, _)] = self.fleet.targets().items()
+        return {address: (self.namespace, routers[0])}
+
+    def _start_router(self) -> None:
+        """Once the operator has rendered the router's config: HAProxy on it, and the load
+        through it on one channel."""
+        if self.fleet is None or self.load is not None:
+            return
+        out = self.cluster.kubectl(
+            "get", "configmap", f"cvs-{AUTOSCALED}-router", "-n", self.namespace, "-o", "json",
+            check=False,
+        )  # fmt: skip
+        try:
+            data = json.loads(out)["data"]
+        except (ValueError, KeyError, TypeError):
+            return
+        rendered = next((v for k, v in data.items() if k.endswith(".cfg")), None)
+        if rendered is None:
+            return
+        from cosyvoice_operator.devtools.closedloop.load import LoadGenerator
+        from cosyvoice_operator.render import triton
+
+        self.fleet.use_rendered(rendered)
+        self.fleet.haproxy.start()
+        self.load = LoadGenerator(list, triton.orchestrator(AUTOSCALED), through=self.fleet.grpc)
+        self._change(
+            f"router: HAProxy on the operator's config (configmap cvs-{AUTOSCALED}-router) at "
+            f"{self.fleet.grpc}; the load goes through it on one channel"
+        )
+
+    def router_line(self) -> str:
+        """The router's queue and streams per pod (empty without a router)."""
+        if self.fleet is None or self.servers is None or not self.fleet.haproxy.running:
+            return ""
+        return str(self.fleet.summary(self.servers.addresses_of()))
 
     # ---- one refresh ---------------------------------------------------------------------
 
@@ -380,6 +460,7 @@ class Demo:
                 f"the operator exited with {self.operator.returncode}; its log: {self.log_path}"
             )
         services = self.services()
+        self._start_router()
         live = len(self.servers.live()) if self.servers is not None else None
         rows = []
         for svc in services:
@@ -490,6 +571,9 @@ class Demo:
     def _draw(self, rows: list[Row]) -> None:
         load = f"load: {self.shape.streams} streams ({self.shape.phase})" if self.load else ""
         head = f"{time.strftime('%H:%M:%S')}  {load}".rstrip()
+        routed = self.router_line()
+        if routed and self.tty:
+            head = f"{head}  |  {routed}"
         if self.tty:
             width = shutil.get_terminal_size((120, 40)).columns
             lines = [head, *table(rows, width), "", *[c[:width] for c in self.changes[-8:]]]
@@ -509,6 +593,9 @@ class Demo:
                 for line in changed.values():
                     self.out.write(f"          {line}\n")
             self._last_rows = {r.name: r.cells() for r in rows}
+            if routed and routed != self._last_router_line:
+                self.out.write(f"{time.strftime('%H:%M:%S')}  {routed}\n")
+            self._last_router_line = routed
         self.out.flush()
 
     def run(

@@ -164,7 +164,9 @@ class PodServers:
         parallel_starts: int = 2,
         addresses: str | None = None,
         directory: SrvDirectory | None = None,
-        extra_targets: Mapping[str, tuple[str, str]] | None = None,
+        extra_targets: Mapping[str, tuple[str, str]]
+        | Callable[[], Mapping[str, tuple[str, str]]]
+        | None = None,
         drained: Callable[[str], bool] | None = None,
         drain_timeout: float = 60.0,
     ) -> None:
@@ -203,7 +205,12 @@ class PodServers:
         # cosyvoice-serve's /ready on 8003; the live ones are the ``directory``'s SRV answers.
         self.addresses = addresses
         self.directory = directory
-        self.extra_targets = dict(extra_targets or {})
+        # More file_sd targets (the router's exporter): fixed, or asked at every pass (the
+        # router pod's name comes from the cluster).
+        self._extra = extra_targets
+        self.extra_targets: dict[str, tuple[str, str]] = (
+            {} if extra_targets is None or callable(extra_targets) else dict(extra_targets)
+        )
         self._hosts = itertools.count(2)
         # A pod that goes drains first where ``drained`` is given (its address -> nothing new
         # routed to it and no stream in flight: FleetRouter.drained): its /ready answers 503
@@ -285,9 +292,16 @@ class PodServers:
         except Exception as err:  # keep what runs; the next pass tries again
             self.list_error = str(err)
             return
+        extra = self.extra_targets
+        if callable(self._extra):
+            with contextlib.suppress(Exception):  # kept as it was; the next pass asks again
+                extra = dict(self._extra())
         with self._lock:
             if self._stop.is_set():
                 return
+            if extra != self.extra_targets:
+                self.extra_targets = extra
+                self._write_targets()
             for pod in sorted(wanted - set(self._processes)):
                 self._launch(pod)
             gone = [self._processes.pop(pod) for pod in sorted(set(self._processes) - wanted)]

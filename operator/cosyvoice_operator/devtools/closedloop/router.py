@@ -267,15 +267,46 @@ def health_check_fix_26(config: str) -> str:
     )
 
 
-class HAProxy:
-    """Debian's ``haproxy`` on the config the operator renders for ``params``
-    (``render.router.haproxy_config``), written to ``work``; ``grpc`` is where clients
-    connect, ``metrics_url`` its Prometheus exporter, ``socket`` its runtime API."""
+def localize(rendered: str, *, address: str, nameserver: str, runtime_dir: Path) -> str:
+    """A router config rendered for a cluster (``kubectl get configmap cvs-<name>-router``)
+    as it runs here: what a router pod's environment gives it, given on loopback instead (its
+    own address for the binds, the cluster DNS as ``nameserver``, its runtime directory).
+    Nothing else changes."""
+    lines = []
+    for line in rendered.splitlines():
+        stripped = line.strip()
+        indent = line[: len(line) - len(line.lstrip())]
+        if stripped == "parse-resolv-conf":
+            line = f"{indent}nameserver dns1 {nameserver}"
+        elif stripped.startswith("bind :"):
+            line = f"{indent}bind {address}{stripped[len('bind ') :]}"
+        elif stripped.startswith("stats socket "):
+            words = stripped.split()
+            words[2] = str(runtime_dir / Path(words[2]).name)
+            line = indent + " ".join(words)
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
-    def __init__(self, params: RouterConfig, work: Path, *, fix_26: bool = True) -> None:
+
+class HAProxy:
+    """Debian's ``haproxy`` on a router config, written to ``work``: the one the operator
+    renders for ``params`` (``render.router.haproxy_config``), or the text given as
+    ``rendered`` (a cluster's ConfigMap, ``localize``d). ``grpc`` is where clients connect,
+    ``metrics_url`` its Prometheus exporter, ``socket`` its runtime API.
+
+    ``fix_26``: the health-check form HAProxy 2.6 needs (``health_check_fix_26``)."""
+
+    def __init__(
+        self,
+        params: RouterConfig,
+        work: Path,
+        *,
+        fix_26: bool = True,
+        rendered: str | None = None,
+    ) -> None:
         self.params = params
-        rendered = haproxy_config(params)
-        self.config_text = health_check_fix_26(rendered) if fix_26 else rendered
+        text = haproxy_config(params) if rendered is None else rendered
+        self.config_text = health_check_fix_26(text) if fix_26 else text
         self.work = work
         host = params.bind_address or "127.0.0.1"
         self.metrics_url = f"http://{host}:{params.metrics_port}/metrics"
@@ -628,16 +659,18 @@ class FleetRouter:
         *,
         service: str,
         namespace: str,
-        slots_per_server: int,
-        server_slots: int,
-        queue_timeout_ms: int,
+        slots_per_server: int = 1,
+        server_slots: int = 1,
+        queue_timeout_ms: int = 1,
+        rendered: str | None = None,
         block: str | None = None,
     ) -> None:
         self.block = block or loopback_block()
+        self.work = work
         self.namespace = namespace
         self.pod = f"cvs-{service}-router-0"
         self.directory = SrvDirectory(f"cvs-{service}-pods", namespace)
-        params = local_router(
+        self.params = local_router(
             self.directory,
             work,
             address=f"{self.block}.1",
@@ -645,7 +678,26 @@ class FleetRouter:
             server_slots=server_slots,
             queue_timeout_ms=queue_timeout_ms,
         )
-        self.haproxy = HAProxy(params, work)
+        self.haproxy = self._haproxy(rendered)
+
+    def _haproxy(self, rendered: str | None) -> HAProxy:
+        if rendered is not None:
+            rendered = localize(
+                rendered,
+                address=f"{self.block}.1",
+                nameserver=self.directory.address,
+                runtime_dir=self.work,
+            )
+        return HAProxy(self.params, self.work, rendered=rendered)
+
+    def use_rendered(self, rendered: str) -> None:
+        """Run a cluster's rendered config (its ConfigMap's ``haproxy.cfg``) from now on: the
+        router restarts on it when it runs (the pods stay)."""
+        running = self.haproxy.running
+        self.haproxy.stop()
+        self.haproxy = self._haproxy(rendered)
+        if running:
+            self.haproxy.start()
 
     @property
     def grpc(self) -> str:
@@ -653,12 +705,14 @@ class FleetRouter:
 
     def targets(self) -> dict[str, tuple[str, str]]:
         """The router's exporter as a ``file_sd`` target: ``{address: (namespace, pod)}``."""
-        return {f"{self.block}.1:{self.haproxy.params.metrics_port}": (self.namespace, self.pod)}
+        return {f"{self.block}.1:{self.params.metrics_port}": (self.namespace, self.pod)}
 
-    def start(self) -> FleetRouter:
+    def start(self, router: bool = True) -> FleetRouter:
+        """The DNS, and the router unless ``router`` is False (``haproxy.start()`` later)."""
         self.directory.start()
         try:
-            self.haproxy.start()
+            if router:
+                self.haproxy.start()
         except Exception:
             self.directory.stop()
             raise
