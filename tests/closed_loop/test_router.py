@@ -12,6 +12,7 @@ Prometheus scraping HAProxy.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import threading
@@ -413,6 +414,7 @@ def test_the_closed_loop_through_the_router_to_twin_pods(tmp_path: Path) -> None
     from cosyvoice_operator.devtools.closedloop.load import LoadGenerator
     from cosyvoice_operator.devtools.closedloop.prometheus import Prometheus, read_targets
     from cosyvoice_operator.devtools.closedloop.router import FleetRouter
+    from cosyvoice_operator.shell.prometheus_source import PrometheusSource
     from tests.triton_twin.test_twin import service
 
     fleet = FleetRouter(
@@ -457,7 +459,26 @@ def test_the_closed_loop_through_the_router_to_twin_pods(tmp_path: Path) -> None
             pods.add("tts-c")  # scale-up
             servers.wait_live(["tts-a", "tts-b", "tts-c"], timeout=120)
             wait_for(lambda: each_served({"tts-a", "tts-b", "tts-c"}, 3), 60, "streams on tts-c")
-            pods.discard("tts-a")  # scale-in, under load
+            # The autoscaler's own queries (shell/prometheus_source.py) on this closed loop.
+            source = PrometheusSource(prometheus.url, window_seconds=4)
+
+            def read() -> Any:
+                found = asyncio.run(source.sample_router(NS, [fleet.pod]))
+                busy = found.available and (found.stream_rate or 0) > 0
+                busy = busy and (found.in_flight or 0) > 0
+                return found if busy and found.active_servers == 3 else None
+
+            reading = wait_for(read, 40, "the router's figures through the autoscaler's source")
+            assert reading.slots_per_pod == 2 and reading.routers_seen == 1, reading
+            assert (reading.in_flight or 0) <= 4 and reading.queued == 0, reading  # 4 streams
+            # Scale-in under load, tts-a with a stream in flight: it drains (out of the DNS
+            # answers, /ready 503) and its Triton stops once the router has nothing on it.
+            wait_for(
+                lambda: fleet.streams_per_pod(servers.addresses_of()).get("tts-a", 0) > 0,
+                30,
+                "a stream on tts-a",
+            )
+            pods.discard("tts-a")
             wait_for(lambda: [p.pod for p in servers.stopped()] == ["tts-a"], 90, "tts-a gone")
             mark = time.monotonic()
             wait_for(lambda: load.summary(since=mark).completed >= 4, 60, "4 more streams")

@@ -679,6 +679,21 @@ class FleetRouter:
             queue_timeout_ms=queue_timeout_ms,
         )
         self.haproxy = self._haproxy(rendered)
+        # Which server slots each pod's address has had: a pod that leaves the DNS answers
+        # has its slot's address cleared at once (hold obsolete 0s) while its streams play on.
+        self._slots: dict[str, set[str]] = {}
+        self._watching = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def _watch(self) -> None:
+        while not self._watching.wait(0.2):
+            with contextlib.suppress(OSError, RuntimeError):
+                self._remember(self.haproxy.servers())
+
+    def _remember(self, servers: Mapping[str, ServerState]) -> None:
+        for server in servers.values():
+            if server.address:
+                self._slots.setdefault(server.address, set()).add(server.name)
 
     def _haproxy(self, rendered: str | None) -> HAProxy:
         if rendered is not None:
@@ -716,9 +731,14 @@ class FleetRouter:
         except Exception:
             self.directory.stop()
             raise
+        self._watcher = threading.Thread(target=self._watch, name="router-slots", daemon=True)
+        self._watcher.start()
         return self
 
     def stop(self) -> None:
+        self._watching.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
         self.haproxy.stop()
         self.directory.stop()
 
@@ -731,11 +751,18 @@ class FleetRouter:
     def drained(self, address: str) -> bool:
         """The router sends the pod at ``address`` nothing new and it has no stream in flight
         (what a pod that drains waits for before it stops)."""
-        slots = [s for s in self.haproxy.servers().values() if s.address == address]
-        if any(s.up for s in slots):
+        servers = self.haproxy.servers()
+        self._remember(servers)
+        if any(s.up and s.address == address for s in servers.values()):
             return False
+        # Its slots: those it had, unless another pod has taken them since.
+        names = [
+            n
+            for n in self._slots.get(address, set())
+            if n in servers and servers[n].address in ("", address)
+        ]
         sessions = self.haproxy.view().sessions
-        return all(sessions.get(s.name, 0) == 0 for s in slots)
+        return all(sessions.get(name, 0) == 0 for name in names)
 
     def streams_per_pod(self, addresses: Mapping[str, str]) -> dict[str, int]:
         """In-flight streams per pod (``addresses``: pod -> its address)."""
