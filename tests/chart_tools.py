@@ -52,8 +52,8 @@ NAMESPACES_RULE: Rule = ("", "namespaces", frozenset({"list", "watch"}))
 PEERING_VERBS = frozenset({"list", "watch", "patch"})
 
 # imagePolicy.allowedPrefixes by default, and as the operator gets them.
-DEFAULT_PREFIXES = ["ghcr.io/cosyvoice-operator/", "nvcr.io/nvidia/"]
-DEFAULT_PREFIXES_ENV = "ghcr.io/cosyvoice-operator/,nvcr.io/nvidia/"
+DEFAULT_PREFIXES = ["ghcr.io/cosyvoice-operator/", "nvcr.io/nvidia/", "docker.io/library/haproxy:"]
+DEFAULT_PREFIXES_ENV = "ghcr.io/cosyvoice-operator/,nvcr.io/nvidia/,docker.io/library/haproxy:"
 
 
 # ---- helpers -------------------------------------------------------------------------------

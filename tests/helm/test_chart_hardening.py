@@ -86,11 +86,14 @@ def test_every_default_image_is_under_the_default_allowlist() -> None:
     ]
     for image in defaults:
         assert image.startswith(registry), image
+    # The router's HAProxy (issue 30) is the official image, which the list admits too.
+    router = ServingSettings().router_image
+    assert router.startswith(tuple(DEFAULT_PREFIXES)) and not router.startswith(registry)
     # The chart leaves the operator's defaults in place (empty values), and its comments name
     # the defaults they stand for.
     config = values["config"]
-    assert (config["builderImage"], config["servingImage"]) == ("", "")
+    assert (config["builderImage"], config["servingImage"], config["routerImage"]) == ("", "", "")
     assert "vllmImage" not in config  # vLLM is refused (issue 19, item 9)
     text = (CHART / "values.yaml").read_text()
-    for image in defaults[1:]:
+    for image in [*defaults[1:], router]:
         assert f"[{image}]" in text, image

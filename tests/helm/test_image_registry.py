@@ -62,6 +62,7 @@ def test_every_image_comes_from_the_registry(helm: Path) -> None:
         f"{REGISTRY}/cosyvoice-operator:0.1.0",
         f"{REGISTRY}/engine-builder:0.1.0-trtllm0.20.0",
         f"{REGISTRY}/cosyvoice-triton:0.1.0-trtllm0.20.0",
+        f"{REGISTRY}/haproxy:3.2",  # the router's (issue 30)
     }, found
     assert all(listed for listed in found.values()), found
     env = env_of(docs)
@@ -83,6 +84,7 @@ def test_without_it_every_image_is_as_named(helm: Path) -> None:
         "ghcr.io/cosyvoice-operator/cosyvoice-operator:0.1.0",
         "ghcr.io/cosyvoice-operator/engine-builder:0.1.0-trtllm0.20.0",
         "ghcr.io/cosyvoice-operator/cosyvoice-triton:0.1.0-trtllm0.20.0",
+        "docker.io/library/haproxy:3.2",  # the router's (issue 30)
     }
     assert "COSYVOICE_IMAGE_REGISTRY" not in env_of(render(helm))
 
@@ -106,6 +108,7 @@ def test_names_tags_and_digests_are_kept(helm: Path) -> None:
         f"mirror.example/team/cosyvoice-operator@{digest}",
         f"mirror.example/team/engine-builder:0.2.0-trtllm0.20.0@{digest}",
         "mirror.example/team/cosyvoice-triton:0.2.0-trtllm0.20.0",
+        "mirror.example/team/haproxy:3.2",
     }
 
 

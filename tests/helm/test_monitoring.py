@@ -193,10 +193,27 @@ def test_the_pod_monitor_selects_the_pods_the_operator_renders(helm: Path, tmp_p
         (REPO / "examples" / "cosyvoice3.yaml").read_text(), "example"
     )
     objects = render_command.render_service(body, ["NVIDIA-L20"], config.load({}), "tts")
-    [deployment] = [o for o in objects if o["kind"] == "Deployment"]
+    deployments = {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]: o
+        for o in objects
+        if o["kind"] == "Deployment"
+    }
+    deployment = deployments["serving"]
     labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert labels[monitor["spec"]["jobLabel"]] == "cosyvoice-triton"
+
+    def selected(pod: dict[str, str]) -> bool:
+        selector = monitor["spec"]["selector"]
+        return selector["matchLabels"].items() <= pod.items() and all(
+            pod.get(e["key"]) in e["values"] for e in selector["matchExpressions"]
+        )
+
+    assert selected(labels) and labels[monitor["spec"]["jobLabel"]] == "cosyvoice-triton"
+    # The router pods (issue 30: mode Router by default): HAProxy's exporter on "metrics".
+    router = deployments["router"]["spec"]["template"]
+    assert selected(router["metadata"]["labels"])
+    assert router["metadata"]["labels"][monitor["spec"]["jobLabel"]] == "cosyvoice-router"
+    [haproxy] = router["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in haproxy["ports"]}["metrics"] == 8404
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     # Triton's metrics, and cosyvoice-serve's stub-health counters on the health port.
     endpoints = monitor["spec"]["podMetricsEndpoints"]
@@ -209,8 +226,17 @@ def test_the_pod_monitor_selects_the_pods_the_operator_renders(helm: Path, tmp_p
         assert pod_label[relabeled["service"][0]] == "cosyvoice3"
         assert pod_label[relabeled["gpu_arch"][0]] == "sm_89"
     # The NetworkPolicy the operator renders lets the scraper reach both ports.
-    [policy] = [o for o in objects if o["kind"] == "NetworkPolicy"]
-    scraped = {p["port"] for rule in policy["spec"]["ingress"][1:] for p in rule["ports"]}
+    [policy] = [
+        o
+        for o in objects
+        if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "cvs-cosyvoice3"
+    ]
+    scraped = {
+        p["port"]
+        for rule in policy["spec"]["ingress"]
+        if "namespaceSelector" in rule["from"][0]
+        for p in rule["ports"]
+    }
     assert scraped == {8002, 8003}
     # The rules and the dashboard select Triton's series by the job the PodMonitor gives them,
     # and client requests by the orchestrator model of each variant.

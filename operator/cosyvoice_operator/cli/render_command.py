@@ -19,7 +19,7 @@ import yaml
 
 from cosyvoice_operator.api import engine_identity
 from cosyvoice_operator.api.spec import SpecError, parse
-from cosyvoice_operator.render import build_job, workloads
+from cosyvoice_operator.render import build_job, front, workloads
 from cosyvoice_operator.shell.config import OperatorConfig
 
 CRD_FILE = "cosyvoiceservices.tts.cosyvoice.dev.yaml"
@@ -146,10 +146,10 @@ def render_service(
                 cfg.serving,
             )
         )
-    out.append(workloads.render_service(body, namespace))
-    out.append(workloads.render_disruption_budget(body, namespace))
-    if cfg.serving.network_policy:
-        out.append(workloads.render_network_policy(body, namespace, cfg.serving))
+    # In front of the Triton pods, per spec.routing.mode (the router's objects by default).
+    # Gateway API objects are shown whatever the operator's configuration says of them.
+    shown = dataclasses.replace(cfg.serving, gateway_api=True)
+    out.extend(front.front_objects(body, svc, namespace, shown))
     return out
 
 

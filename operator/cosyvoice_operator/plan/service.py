@@ -32,10 +32,10 @@ from cosyvoice_operator.api.effects import (
     PostEvent,
 )
 from cosyvoice_operator.api.labels import REMOVING_ANNOTATION
-from cosyvoice_operator.api.spec import ServiceSpec, SpecError, parse
+from cosyvoice_operator.api.spec import ROUTER, ServiceSpec, SpecError, parse
 from cosyvoice_operator.plan import engine_state, engine_status, fleet_events, serving
 from cosyvoice_operator.plan.engine_state import EngineState
-from cosyvoice_operator.render import build_job, triton, workloads
+from cosyvoice_operator.render import build_job, front, triton, workloads
 from cosyvoice_operator.render.build_job import BuildSettings, CacheClaim
 from cosyvoice_operator.render.workloads import ServingSettings
 
@@ -445,8 +445,13 @@ def plan_service(
     new = engine_status.engine_status(plan, states, blockers, None, previous, generation, now)
     image = workloads.serving_image(svc, policy.serving)
     blocked = image_problem(image, "the serving image", policy.allowed_image_prefixes) or ""
+    router_blocked = ""
+    if svc.routing.mode == ROUTER:
+        router_image = front.router_image(svc, policy.serving)
+        where = "spec.routing.router.image" if svc.routing.router.image else "the router image"
+        router_blocked = image_problem(router_image, where, policy.allowed_image_prefixes) or ""
     served = serving.plan_serving(
-        body, svc, plan, _recorded(states), world, policy.serving, refused, blocked
+        body, svc, plan, _recorded(states), world, policy.serving, refused, blocked, router_blocked
     )
     new.update(served.status)
     new["conditions"] = conditions.merge(new["conditions"], served.conditions, generation, now)

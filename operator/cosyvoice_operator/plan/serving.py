@@ -22,11 +22,18 @@ from typing import Any, Protocol
 from cosyvoice_operator.api import gpus
 from cosyvoice_operator.api.effects import ApplyObject, DeleteObject, PatchObject
 from cosyvoice_operator.api.engine_identity import EnginePlan
-from cosyvoice_operator.api.labels import ARCH_LABEL, CHECKPOINT_ANNOTATION, SERVED_KEY_ANNOTATION
-from cosyvoice_operator.api.spec import ServiceSpec
+from cosyvoice_operator.api.labels import (
+    ARCH_LABEL,
+    CHECKPOINT_ANNOTATION,
+    COMPONENT_LABEL,
+    ROUTER_COMPONENT,
+    SERVED_KEY_ANNOTATION,
+    SERVING_COMPONENT,
+)
+from cosyvoice_operator.api.spec import GATEWAY_API, ROUTER, ServiceSpec
 from cosyvoice_operator.autoscaling.evaluation import desired_replicas
 from cosyvoice_operator.plan.engine_state import EngineState
-from cosyvoice_operator.render import workloads
+from cosyvoice_operator.render import front, workloads
 from cosyvoice_operator.render.workloads import ArchServing, ServingSettings
 
 
@@ -48,6 +55,12 @@ class ServingPlan:
     # Engine keys the Deployments serve now (kept from cleanup while they do).
     served_keys: frozenset[str] = frozenset()
     ready: bool = False
+
+
+def is_router(obj: Mapping[str, Any]) -> bool:
+    """A router object or pod (it carries the service's label too: render/front.py)."""
+    found = (obj.get("metadata") or {}).get("labels") or {}
+    return found.get(COMPONENT_LABEL) == ROUTER_COMPONENT
 
 
 def _arch_of(deployment: Mapping[str, Any]) -> str:
@@ -120,15 +133,18 @@ def plan_serving(
     settings: ServingSettings,
     refused: Mapping[str, str] | None = None,
     blocked: str = "",
+    router_blocked: str = "",
 ) -> ServingPlan:
     """`refused` names objects the API server refused to take in this pass (name -> its
     message): they are reported, and tried again with backoff. `blocked` says why nothing
     new may be rendered (the serving image is not allowed): the Deployments there are keep
-    their engine and image, only their replica count follows, and Progressing says why."""
+    their engine and image, only their replica count follows, and Progressing says why.
+    `router_blocked` says why the router's Deployment may not be rendered (its image is not
+    allowed): the one there is left as it is, and Progressing says why."""
     refused = refused or {}
     meta = body.get("metadata") or {}
     name, namespace = str(meta.get("name")), str(meta.get("namespace"))
-    existing = {_arch_of(d): d for d in world.deployments(namespace, name)}
+    existing = {_arch_of(d): d for d in world.deployments(namespace, name) if not is_router(d)}
     desired_total = desired_replicas(svc, body.get("status") or {})
     engines = _choose_engines(plan, states, existing)
     if blocked:
@@ -142,8 +158,10 @@ def plan_serving(
     effects += retired
     keys |= kept
     if served:
-        effects += _front_effects(body, namespace, world, settings)
-    status = _serving_status(name, namespace, existing, engines, shares, desired_total)
+        effects += _front_effects(
+            body, svc, namespace, world, settings, bool(blocked or router_blocked)
+        )
+    status = _serving_status(svc, name, namespace, existing, engines, shares, desired_total)
     ready = int(status["readyReplicas"])
     updated = _rolled_out(existing, engines.fresh)
     stuck = unschedulable(world.serving_pods(namespace, name))
@@ -151,12 +169,21 @@ def plan_serving(
     progressing = _progressing(
         status, desired_total, rejected, stuck, engines.waiting, effects, updated
     )
-    if blocked:
+    if served and svc.routing.mode == GATEWAY_API and not settings.gateway_api:
+        progressing = {
+            "type": "Progressing",
+            "status": "False",
+            "reason": "GatewayAPIDisabled",
+            "message": "spec.routing.mode GatewayAPI: this operator does not write Gateway API "
+            "objects (chart value gatewayAPI.enabled, COSYVOICE_GATEWAY_API); "
+            f"{workloads.service_name(name)} selects the Triton pods, as in mode Service",
+        }
+    if blocked or router_blocked:
         progressing = {
             "type": "Progressing",
             "status": "False",
             "reason": "ImageNotAllowed",
-            "message": blocked,
+            "message": "; ".join(m for m in (blocked, router_blocked) if m),
         }
     conditions = (_available(bool(served), ready, desired_total, stuck), progressing)
     all_ready = bool(served) and ready >= desired_total and not engines.frozen and not effects
@@ -303,25 +330,36 @@ def _present_archs(svc: ServiceSpec, world: ServingWorld) -> set[str]:
 
 
 def _front_effects(
-    body: Mapping[str, Any], namespace: str, world: ServingWorld, settings: ServingSettings
+    body: Mapping[str, Any],
+    svc: ServiceSpec,
+    namespace: str,
+    world: ServingWorld,
+    settings: ServingSettings,
+    router_blocked: bool = False,
 ) -> list[Effect]:
-    """The Service, the PodDisruptionBudget and the NetworkPolicy, applied when they
-    changed."""
+    """What stands in front of the Triton pods for the routing mode (render/front.py),
+    applied when it changed; the router's own objects deleted in the other modes. While an
+    image is blocked the router Deployment is left as it is."""
+    name = str((body.get("metadata") or {}).get("name"))
     effects: list[Effect] = []
-    objects = [
-        workloads.render_service(body, namespace),
-        workloads.render_disruption_budget(body, namespace),
-    ]
-    if settings.network_policy:
-        objects.append(workloads.render_network_policy(body, namespace, settings))
+    objects = front.front_objects(body, svc, namespace, settings, router_allowed=not router_blocked)
     for obj in objects:
         seen = world.owned(obj["kind"], namespace, obj["metadata"]["name"])
         if workloads.applied_hash(seen) != workloads.applied_hash(obj):
             effects.append(ApplyObject(obj))
+    if svc.routing.mode != ROUTER:
+        for kind, names in front.router_object_names(name).items():
+            for gone in names:
+                seen = world.owned(kind, namespace, gone)
+                if seen is not None:
+                    uid = str((seen.get("metadata") or {}).get("uid") or "")
+                    why = f"spec.routing.mode is {svc.routing.mode}: no router"
+                    effects.append(DeleteObject(kind, namespace, gone, uid, why))
     return effects
 
 
 def _serving_status(
+    svc: ServiceSpec,
     name: str,
     namespace: str,
     existing: Mapping[str, Mapping[str, Any]],
@@ -351,13 +389,20 @@ def _serving_status(
     status: dict[str, Any] = {
         "replicas": replicas,
         "readyReplicas": ready,
-        "selector": workloads.selector(name),
+        "selector": _selector(svc, name),
         "readySummary": f"{ready}/{desired_total}",
         "serving": entries,
     }
     if served:
-        status["endpoints"] = workloads.endpoints(name, namespace)
+        status["endpoints"] = front.endpoints(svc, name, namespace)
     return status
+
+
+def _selector(svc: ServiceSpec, name: str) -> str:
+    """The scale subresource's selector: the Triton pods (not the router's, mode Router)."""
+    if svc.routing.mode == ROUTER:
+        return f"{workloads.selector(name)},{COMPONENT_LABEL}={SERVING_COMPONENT}"
+    return workloads.selector(name)
 
 
 def _rolled_out(

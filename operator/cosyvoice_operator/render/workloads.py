@@ -73,6 +73,13 @@ class ServingSettings:
     """Operator-wide knobs of serving pods (from the operator's configuration)."""
 
     default_image: str = "ghcr.io/cosyvoice-operator/cosyvoice-triton:0.1.0-trtllm0.20.0"
+    # The router's HAProxy (spec.routing.mode Router) when spec.routing.router.image is empty:
+    # the official image of an LTS branch (3.2: fixes until about Q2 2030).
+    router_image: str = "docker.io/library/haproxy:3.2"
+    # Whether the operator may write Gateway API objects (spec.routing.mode GatewayAPI): its
+    # GRPCRoute and Envoy Gateway's BackendTrafficPolicy (COSYVOICE_GATEWAY_API; their CRDs
+    # must be installed and the operator allowed to write them).
+    gateway_api: bool = False
     # How long a pod may take to load its engines before the startup probe gives up.
     startup_seconds: int = 900
     # How long in-flight streams may run on after a pod is told to stop.

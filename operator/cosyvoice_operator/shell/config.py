@@ -103,12 +103,16 @@ def load(env: Mapping[str, str] | None = None) -> OperatorConfig:
     _check_allowed("COSYVOICE_BUILDER_IMAGE", build.default_builder_image, prefixes)
     serving_defaults = ServingSettings()
     serving_image = env.get("COSYVOICE_SERVING_IMAGE") or serving_defaults.default_image
+    router_image = env.get("COSYVOICE_ROUTER_IMAGE") or serving_defaults.router_image
     serving = ServingSettings(
         default_image=rebase_image(serving_image, registry) if registry else serving_image,
+        router_image=rebase_image(router_image, registry) if registry else router_image,
         network_policy=_bool(env, "COSYVOICE_NETWORK_POLICY", serving_defaults.network_policy),
         scraper_namespace_labels=_labels(env, "COSYVOICE_NETWORK_POLICY_SCRAPER_NAMESPACE_LABELS"),
+        gateway_api=_bool(env, "COSYVOICE_GATEWAY_API", serving_defaults.gateway_api),
     )
     _check_allowed("COSYVOICE_SERVING_IMAGE", serving.default_image, prefixes)
+    _check_allowed("COSYVOICE_ROUTER_IMAGE", serving.router_image, prefixes)
     if env.get("COSYVOICE_VLLM_IMAGE"):
         # Services may not ask for vLLM (spec.model.llmRuntime, issue 19 item 9): an image
         # for it would be a setting nothing reads.

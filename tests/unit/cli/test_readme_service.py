@@ -30,8 +30,14 @@ def test_the_readmes_minimal_service_renders(
     assert main(["render", "-f", str(path), "--gpu-product", "NVIDIA-L20"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = [d["kind"] for d in docs]
-    assert kinds.count("Job") == 1 and kinds.count("Deployment") == 1
-    [deployment] = (d for d in docs if d["kind"] == "Deployment")
+    # one Triton Deployment and the router's (issue 30: spec.routing.mode Router by default)
+    assert kinds.count("Job") == 1 and kinds.count("Deployment") == 2
+    [deployment] = (
+        d
+        for d in docs
+        if d["kind"] == "Deployment"
+        and d["metadata"]["labels"]["app.kubernetes.io/component"] == "serving"
+    )
     assert deployment["spec"]["replicas"] == 2
     [job] = (d for d in docs if d["kind"] == "Job")
     claims = [

@@ -10,17 +10,31 @@ import yaml
 from cosyvoice_operator.cli.main import main
 
 REPO = Path(__file__).resolve().parents[3]
+COMPONENT = "app.kubernetes.io/component"
 
 
 def test_renders_build_jobs_and_workloads_of_an_example(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["render", "-f", str(REPO / "examples/cosyvoice3.yaml"), "-n", "tts"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = [d["kind"] for d in docs]
-    assert kinds.count("Job") == kinds.count("Deployment") == kinds.count("ConfigMap") >= 1
-    # Issue 21: the NetworkPolicy (on by default) comes last.
-    assert kinds[-3:] == ["Service", "PodDisruptionBudget", "NetworkPolicy"]
+    triton = [d for d in docs if d["metadata"]["labels"].get(COMPONENT) != "router"]
+    triton_kinds = [d["kind"] for d in triton]
+    assert triton_kinds.count("Job") == triton_kinds.count("Deployment") >= 1
+    assert triton_kinds.count("Deployment") == triton_kinds.count("ConfigMap")
+    # Issue 30: the router in front (spec.routing.mode Router by default): its config, its
+    # Deployment, its PDB and NetworkPolicy; cvs-<name> selects it, cvs-<name>-pods the pods.
+    routers = {(d["kind"], d["metadata"]["name"]) for d in docs if d not in triton}
+    assert routers == {
+        (kind, "cvs-cosyvoice3-router")
+        for kind in ("ConfigMap", "Deployment", "PodDisruptionBudget", "NetworkPolicy")
+    }
+    services = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Service"}
+    assert services["cvs-cosyvoice3"]["selector"][COMPONENT] == "router"
+    assert services["cvs-cosyvoice3-pods"]["clusterIP"] == "None"
+    # Issue 21: the NetworkPolicies (on by default) come last.
+    assert kinds[-2:] == ["NetworkPolicy", "NetworkPolicy"]
     assert {d["metadata"]["namespace"] for d in docs} == {"tts"}
-    for dep in (d for d in docs if d["kind"] == "Deployment"):
+    for dep in (d for d in triton if d["kind"] == "Deployment"):
         [c] = dep["spec"]["template"]["spec"]["containers"]
         assert c["args"][:2] == ["--engine-dir", f"/engines/{c['args'][3]}"]
 

@@ -246,6 +246,7 @@ def test_a_network_policy_admits_labelled_clients_and_the_scraper_only() -> None
         scraper_namespace_labels=(("kubernetes.io/metadata.name", "monitoring"),),
     )
     b = body()
+    b["spec"]["routing"] = {"mode": "Service"}  # mode Router: tests/unit/render/test_front.py
     step = plan_service(b, built_world(b), T0, policy(serving=settings))
     [netpol] = applied(step, "NetworkPolicy")
     assert netpol["metadata"]["name"] == "cvs-svc"

@@ -12,7 +12,7 @@ from typing import Any
 from cosyvoice_engine_builder.serving.options import ServeOptions, build_parser
 from cosyvoice_operator.api import engine_identity
 from cosyvoice_operator.api.effects import ApplyObject, CreateObject
-from cosyvoice_operator.plan import engine_state
+from cosyvoice_operator.plan import engine_state, serving
 from cosyvoice_operator.plan.service import Policy, plan_service
 from cosyvoice_operator.render import build_job
 from tests.unit.objects import CACHE, T0, job, pod, raw_spec, record, service
@@ -51,7 +51,9 @@ def _serve_args(step_effects: tuple[Any, ...]) -> list[str]:
     (deployment,) = [
         dict(e.body)
         for e in step_effects
-        if isinstance(e, ApplyObject) and e.body["kind"] == "Deployment"
+        if isinstance(e, ApplyObject)
+        and e.body["kind"] == "Deployment"
+        and not serving.is_router(e.body)
     ]
     args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     return args

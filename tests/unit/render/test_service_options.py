@@ -269,7 +269,9 @@ def test_render_shows_the_queue_policy_and_chunking_in_the_repository(
         },
         engine={"kvCacheType": "fp8"},
     )
-    [repo] = [d for d in docs if d["kind"] == "ConfigMap"]
+    [repo] = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-repo")
+    ]
     config = parse_config(repo["data"]["cosyvoice3.pbtxt"])
     assert config.dynamic_batching.default_queue_policy.max_queue_size == 4
     assert params(config)["token_hop_len"] == "5"

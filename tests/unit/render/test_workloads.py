@@ -204,11 +204,16 @@ def test_a_service_gets_one_deployment_per_ready_architecture_then_nothing_to_do
     assert kinds == [
         "ConfigMap",
         "ConfigMap",
+        "ConfigMap",  # the router's (spec.routing.mode Router by default: issue 30)
         "Deployment",
         "Deployment",
+        "Deployment",  # the router's
         "NetworkPolicy",  # issue 21: on by default
+        "NetworkPolicy",  # the router's
         "PodDisruptionBudget",
-        "Service",
+        "PodDisruptionBudget",  # the router's
+        "Service",  # cvs-tts, to the router
+        "Service",  # cvs-tts-pods, headless: the router finds the Triton pods by it
     ]
     assert first.status["readySummary"] == "0/3"
     settle(world, first)
@@ -219,7 +224,10 @@ def test_a_service_gets_one_deployment_per_ready_architecture_then_nothing_to_do
         "sm_89": 2,
         "sm_90": 1,
     }
-    assert second.status["selector"] == "tts.cosyvoice.dev/service=tts"
+    # the Triton pods only (the router's carry the service label too)
+    assert second.status["selector"] == (
+        "tts.cosyvoice.dev/service=tts,app.kubernetes.io/component=serving"
+    )
 
 
 def test_a_new_engine_not_ready_leaves_the_old_deployment_serving_and_scales_it() -> None:
@@ -248,7 +256,9 @@ def test_a_new_engine_not_ready_leaves_the_old_deployment_serving_and_scales_it(
 def test_a_batching_change_rolls_the_pods_and_a_replicas_change_does_not() -> None:
     world = FakeWorld()
     settle(world, plan_of(body(replicas=1), world, {}))
-    [before] = [o for (k, _), o in world.objects.items() if k == "Deployment"]
+    [before] = [
+        o for (k, _), o in world.objects.items() if k == "Deployment" and not serving.is_router(o)
+    ]
     scaled = plan_of(body(replicas=4), world, {})
     [dep] = [e.body for e in scaled.effects if isinstance(e, ApplyObject)]
     assert dep["spec"]["template"] == before["spec"]["template"]
@@ -315,7 +325,9 @@ def test_a_node_going_notready_or_cordoned_never_deletes_its_architectures_fleet
 def test_a_replica_count_changed_behind_the_operators_back_is_set_again() -> None:
     world = FakeWorld()
     settle(world, plan_of(body(replicas=2), world, {}))
-    [dep] = [o for (k, _), o in world.objects.items() if k == "Deployment"]
+    [dep] = [
+        o for (k, _), o in world.objects.items() if k == "Deployment" and not serving.is_router(o)
+    ]
     dep["spec"]["replicas"] = 7  # kubectl scale deploy, or a merge patch while frozen
     [effect] = plan_of(body(replicas=2), world, {}).effects
     assert isinstance(effect, ApplyObject) and effect.body["spec"]["replicas"] == 2

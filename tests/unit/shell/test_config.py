@@ -101,11 +101,28 @@ def test_control_loop_settings() -> None:
 
 
 def test_image_allowlist() -> None:
-    env = {"COSYVOICE_ALLOWED_IMAGE_PREFIXES": "ghcr.io/cosyvoice-operator/, nvcr.io/nvidia/"}
+    env = {
+        "COSYVOICE_ALLOWED_IMAGE_PREFIXES": (
+            "ghcr.io/cosyvoice-operator/, nvcr.io/nvidia/, docker.io/library/haproxy:"
+        )
+    }
     assert config.load(env).allowed_image_prefixes == (
         "ghcr.io/cosyvoice-operator/",
         "nvcr.io/nvidia/",
+        "docker.io/library/haproxy:",
     )
+    # The router's default image (issue 30) too.
+    with pytest.raises(ConfigError, match=r"COSYVOICE_ROUTER_IMAGE='docker\.io/library/haproxy"):
+        config.load({"COSYVOICE_ALLOWED_IMAGE_PREFIXES": "ghcr.io/cosyvoice-operator/, nvcr.io/"})
+    mirrored = config.load(
+        {
+            "COSYVOICE_ALLOWED_IMAGE_PREFIXES": "mirror.example/",
+            "COSYVOICE_IMAGE_REGISTRY": "mirror.example/tts",
+        }
+    )
+    assert mirrored.serving.router_image == "mirror.example/tts/haproxy:3.2"
+    assert config.load({"COSYVOICE_GATEWAY_API": "true"}).serving.gateway_api
+    assert not config.load({}).serving.gateway_api
     # A prefix that does not end at a boundary would admit a namesake registry path.
     with pytest.raises(ConfigError, match="must end with"):
         config.load({"COSYVOICE_ALLOWED_IMAGE_PREFIXES": "ghcr.io/cosyvoice"})
@@ -244,6 +261,7 @@ def test_a_vllm_default_image_is_refused_while_vllm_is_not_served() -> None:
         "COSYVOICE_ALLOWED_IMAGE_PREFIXES": "registry.corp.example/",
         "COSYVOICE_BUILDER_IMAGE": "registry.corp.example/builder:1",
         "COSYVOICE_SERVING_IMAGE": "registry.corp.example/triton:1",
+        "COSYVOICE_ROUTER_IMAGE": "registry.corp.example/haproxy:3.2",
     }
     with pytest.raises(ConfigError, match="COSYVOICE_VLLM_IMAGE: vLLM is not served yet"):
         config.load({**env, "COSYVOICE_VLLM_IMAGE": "registry.corp.example/triton:1-vllm"})
