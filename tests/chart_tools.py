@@ -38,9 +38,13 @@ NAMESPACED_RULES: set[Rule] = {
     ("", "persistentvolumeclaims", frozenset({"list", "watch"})),
     # Server-side applied; the first apply creates, which the API server authorizes as create.
     ("apps", "deployments", frozenset({"list", "watch", "create", "patch", "delete"})),
-    ("", "services", frozenset({"list", "watch", "create", "patch"})),
-    ("policy", "poddisruptionbudgets", frozenset({"list", "watch", "create", "patch"})),
-    ("networking.k8s.io", "networkpolicies", frozenset({"list", "watch", "create", "patch"})),
+    ("", "services", frozenset({"list", "watch", "create", "patch", "delete"})),
+    ("policy", "poddisruptionbudgets", frozenset({"list", "watch", "create", "patch", "delete"})),
+    (
+        "networking.k8s.io",
+        "networkpolicies",
+        frozenset({"list", "watch", "create", "patch", "delete"}),
+    ),
     ("autoscaling", "horizontalpodautoscalers", frozenset({"list", "watch"})),
 }
 CLUSTER_RULES: set[Rule] = {

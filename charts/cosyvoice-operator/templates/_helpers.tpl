@@ -150,18 +150,30 @@ informers, so there is no `get` anywhere, and it reads no Secret at all.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["list", "watch", "create", "patch", "delete"]
+# The router's objects (spec.routing.mode Router) are deleted (by uid) when a service leaves
+# that mode: its Deployment, ConfigMap, headless Service, PodDisruptionBudget, NetworkPolicy.
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["list", "watch", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["list", "watch", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # Each service's NetworkPolicy (server-side applied, created on first apply; owned by the
 # service, so the garbage collector removes it with it): only labelled clients and the metrics
-# scraper reach Triton.
+# scraper reach Triton (and the router).
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+{{- if .Values.gatewayAPI.enabled }}
+# spec.routing.mode GatewayAPI (gatewayAPI.enabled): each service's GRPCRoute and Envoy
+# Gateway BackendTrafficPolicy, server-side applied and followed by an informer.
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["grpcroutes"]
   verbs: ["list", "watch", "create", "patch"]
+- apiGroups: ["gateway.envoyproxy.io"]
+  resources: ["backendtrafficpolicies"]
+  verbs: ["list", "watch", "create", "patch"]
+{{- end }}
 # Other autoscalers, followed by an informer: one that targets a service or its Deployments
 # while the operator's autoscaler runs is reported as ScalingConflict, never fought.
 - apiGroups: ["autoscaling"]

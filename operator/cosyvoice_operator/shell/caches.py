@@ -23,6 +23,7 @@ from cosyvoice_operator.shell.kube import (
     CORE_SERVICES,
     DEPLOYMENTS,
     DISRUPTION_BUDGETS,
+    GRPC_ROUTES,
     HORIZONTAL_AUTOSCALERS,
     JOBS,
     NETWORK_POLICIES,
@@ -30,6 +31,7 @@ from cosyvoice_operator.shell.kube import (
     PEERINGS,
     PODS,
     SERVICES,
+    TRAFFIC_POLICIES,
     Kind,
     Kube,
 )
@@ -304,7 +306,13 @@ class Caches:
     """Every kind the loop reads, in the namespaces it serves (cluster-wide ones once), and
     the World over them. Nothing is listed until the informers run."""
 
-    def __init__(self, kube: Kube, namespaces: tuple[str, ...], peering: bool = False) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        namespaces: tuple[str, ...],
+        peering: bool = False,
+        gateway_api: bool = False,
+    ) -> None:
         scopes: list[str | None] = list(namespaces) or [None]
 
         def cache(kind: Kind, selector: str, trim: Callable[[Obj], Obj]) -> Cache:
@@ -324,6 +332,14 @@ class Caches:
         self.network_policies = cache(NETWORK_POLICIES, labels.MANAGED, trim_owned)
         # Other autoscalers, to report (never fight) one that writes the same replica count.
         self.autoscalers = cache(HORIZONTAL_AUTOSCALERS, "", trim_autoscaler)
+        # spec.routing.mode GatewayAPI's objects, only when the operator writes them (their
+        # CRDs may not exist otherwise).
+        self.gateway: dict[str, Cache] = {}
+        if gateway_api:
+            self.gateway = {
+                "GRPCRoute": cache(GRPC_ROUTES, labels.MANAGED, trim_owned),
+                "BackendTrafficPolicy": cache(TRAFFIC_POLICIES, labels.MANAGED, trim_owned),
+            }
         self.peerings: Cache | None = None
         if peering:
             self.peerings = cache(PEERINGS if namespaces else CLUSTER_PEERINGS, "", trim_peering)
@@ -339,6 +355,7 @@ class Caches:
                 "Service": self.core_services,
                 "PodDisruptionBudget": self.budgets,
                 "NetworkPolicy": self.network_policies,
+                **self.gateway,
             },
         )
 
@@ -357,6 +374,7 @@ class Caches:
             self.autoscalers,
             self.network_policies,
         ]
+        found += self.gateway.values()
         return found + ([self.peerings] if self.peerings is not None else [])
 
     def of_kind(self, kind: str) -> Cache | None:
@@ -369,6 +387,7 @@ class Caches:
             "Service": self.core_services,
             "PodDisruptionBudget": self.budgets,
             "NetworkPolicy": self.network_policies,
+            **self.gateway,
         }.get(kind)
 
     def version_of(self, kind: str, namespace: str, name: str) -> str | None:
@@ -400,6 +419,7 @@ class Caches:
             (self.network_policies, routes.on_owned),
             (self.autoscalers, routes.on_autoscaler),
             (self.peerings, on_peering or _ignore),
+            *((cache, routes.on_owned) for cache in self.gateway.values()),
         ]
         for cache, handler in wiring:
             for inf in cache.informers if cache is not None else ():

@@ -77,7 +77,12 @@ class Controller:
         self.settings = settings
         self.clock = clock
         self.queue: WorkQueue[Key] = WorkQueue()
-        self.caches = Caches(kube, namespaces, peering=settings.peering is not None)
+        self.caches = Caches(
+            kube,
+            namespaces,
+            peering=settings.peering is not None,
+            gateway_api=settings.policy.serving.gateway_api,
+        )
         self.world = self.caches.world
         self.router = Router(self.queue, self.caches)
         self.leader = Leader(

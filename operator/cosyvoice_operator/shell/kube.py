@@ -97,6 +97,9 @@ CORE_SERVICES = Kind("v1", "services")
 DISRUPTION_BUDGETS = Kind("policy/v1", "poddisruptionbudgets")
 NETWORK_POLICIES = Kind("networking.k8s.io/v1", "networkpolicies")
 HORIZONTAL_AUTOSCALERS = Kind("autoscaling/v2", "horizontalpodautoscalers")
+# spec.routing.mode GatewayAPI, with COSYVOICE_GATEWAY_API (their CRDs are not core).
+GRPC_ROUTES = Kind("gateway.networking.k8s.io/v1", "grpcroutes")
+TRAFFIC_POLICIES = Kind("gateway.envoyproxy.io/v1alpha1", "backendtrafficpolicies")
 CLUSTER_PEERINGS = Kind("kopf.dev/v1", "clusterkopfpeerings", namespaced=False)
 PEERINGS = Kind("kopf.dev/v1", "kopfpeerings")
 KINDS_BY_OBJECT = {
@@ -106,6 +109,8 @@ KINDS_BY_OBJECT = {
     ("v1", "Service"): CORE_SERVICES,
     ("policy/v1", "PodDisruptionBudget"): DISRUPTION_BUDGETS,
     ("networking.k8s.io/v1", "NetworkPolicy"): NETWORK_POLICIES,
+    ("gateway.networking.k8s.io/v1", "GRPCRoute"): GRPC_ROUTES,
+    ("gateway.envoyproxy.io/v1alpha1", "BackendTrafficPolicy"): TRAFFIC_POLICIES,
 }
 KINDS_BY_NAME = {kind: k for (_, kind), k in KINDS_BY_OBJECT.items()}
 FIELD_MANAGER = "cosyvoice-operator"
