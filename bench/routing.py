@@ -12,8 +12,9 @@ evaluation trace over ``--seeds`` seeds:
   concurrency, KEDA, KPA, llm-d's rule), static and ours as ``bench/sim.py`` chose them on the
   training half (``results/sim.json``'s ``chosen_on_train``: 3 training seeds, the full grids);
 - behind the router (`plant.ROUTER`, R replicas, streams spread over them at random, `timeout
-  queue` = the first-audio SLO): the same baselines on a smaller grid at R = 2 (the operator's
-  default), chosen here on training; static (the fewest pods reaching 99 % on training) and
+  queue` as the operator renders it: the SLO's wait budget, 1500 - 1107 = 393 ms): the same
+  baselines on a smaller grid at R = 2 (the operator's default), chosen here on training;
+  static (the fewest pods reaching 99 % on training) and
   ours (SLO sizing at variabilities 0.15/0.2/0.3, each pod's slots as the routers let it use
   them: R x floor(slots / R)) at R = 1, 2 and 3;
 - behind Envoy's P2C (`plant.P2C`): static and ours (SLO points), chosen on training.

@@ -105,16 +105,20 @@ def test_a_refused_stream_is_a_miss_and_leaves_the_queue_at_the_timeout() -> Non
     assert plant.router_queue(1.5) == 0
 
 
-def test_the_queue_timeout_defaults_to_the_slo_and_every_run_names_its_routing() -> None:
+def test_the_queue_timeout_defaults_to_the_slos_wait_budget_and_runs_name_their_routing() -> None:
+    # As the operator renders it: first audio 1500 ms minus L20's busy first chunk 1107 ms.
     config = SimConfig(routing=ROUTER, router=RouterModel(2), slo_s=1.5)
-    assert config.router_model().queue_timeout_s == 1.5
+    assert config.router_model().queue_timeout_s == pytest.approx(0.393)
     assert config.routing_json() == {
         "mode": "router",
         "router_replicas": 2,
         "spread": "random",
-        "queue_timeout_s": 1.5,
+        "queue_timeout_s": pytest.approx(0.393),
         "slots_per_pod_per_replica": 2,
     }
+    given = SimConfig(routing=ROUTER, router=RouterModel(1, queue_timeout_s=2.0))
+    assert given.router_model().queue_timeout_s == 2.0
+    assert SimConfig(slo_s=1.0).router_model().queue_timeout_s == 30.0  # no budget left
     assert SimConfig().routing_json() == {"mode": "round-robin"}
     with pytest.raises(ValueError, match="router replicas"):
         RouterModel(0)

@@ -156,7 +156,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--queue-timeout",
         type=float,
         default=0.0,
-        help="the router's timeout queue in seconds (default 0: the first-audio SLO)",
+        help="the router's timeout queue in seconds (default 0: as the operator derives it, "
+        "the SLO's wait budget: first audio minus the pod's busy first chunk)",
     )
     p.add_argument("--jobs", type=int, default=0, help="worker processes (0: every CPU)")
     p.add_argument(

@@ -34,6 +34,8 @@ from cosyvoice_operator.devtools.sim.plant import (
 from cosyvoice_operator.devtools.sim.policies import PHASE_S, Controller
 from cosyvoice_operator.devtools.sim.trace import Trace
 
+DEFAULT_QUEUE_TIMEOUT_S = 30.0  # the operator's timeout queue without an SLO
+
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -51,10 +53,14 @@ class SimConfig:
     router: RouterModel = field(default_factory=RouterModel)  # routing "router" only
 
     def router_model(self) -> RouterModel:
-        """The router with its queue timeout resolved (0: the first-audio SLO)."""
+        """The router with its queue timeout resolved. 0: as the operator renders it
+        (`render.front.queue_timeout_ms`), the SLO's wait budget, first audio minus the pod's
+        first chunk with every slot busy; 30 s when that leaves none."""
         if self.router.queue_timeout_s:
             return self.router
-        return replace(self.router, queue_timeout_s=self.slo_s)
+        budget = round(1000 * self.slo_s) - self.service.first_chunk_busy_ms
+        timeout = budget / 1000 if budget > 0 else DEFAULT_QUEUE_TIMEOUT_S
+        return replace(self.router, queue_timeout_s=timeout)
 
     def routing_json(self) -> dict[str, object]:
         """The routing as every run's JSON names it."""

@@ -311,7 +311,8 @@ SPREADS = (SPREAD_RANDOM, SPREAD_ROUND_ROBIN)
 @dataclass(frozen=True)
 class RouterModel:
     """The router in front of the pods (routing ROUTER): its replicas, how streams reach
-    them, and its queue timeout (0: the first-audio SLO, what the operator derives)."""
+    them, and its queue timeout (0: none here; `engine.SimConfig.router_model` resolves 0 as
+    the operator does, to the SLO's wait budget)."""
 
     replicas: int = 1
     spread: str = SPREAD_RANDOM
