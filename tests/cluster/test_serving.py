@@ -32,6 +32,8 @@ from tests.conftest import Cluster
 
 L20 = {"nvidia.com/gpu.product": "NVIDIA-L20"}
 SELECTOR = "tts.cosyvoice.dev/service"
+# The Triton pods and Deployments: the router's carry the service label too (issue 30).
+TRITON = "app.kubernetes.io/component=serving"
 
 
 @pytest.fixture
@@ -60,9 +62,9 @@ def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def pods(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = get_json(cluster, "pods", "-n", ns, "-l", f"{SELECTOR}={name}")[
-        "items"
-    ]
+    items: list[dict[str, Any]] = get_json(
+        cluster, "pods", "-n", ns, "-l", f"{SELECTOR}={name},{TRITON}"
+    )["items"]
     return items
 
 
@@ -97,7 +99,7 @@ def test_a_service_serves_on_nodes_of_its_products_and_reads_ready(
     obj = wait_phase(cluster, ns, "tts", "Ready")
     st = obj["status"]
     assert (st["replicas"], st["readyReplicas"], st["readySummary"]) == (3, 3, "3/3")
-    assert st["selector"] == f"{SELECTOR}=tts"
+    assert st["selector"] == f"{SELECTOR}=tts,{TRITON}"
     assert st["endpoints"]["grpc"] == f"cvs-tts.{ns}.svc:8001"
     [entry] = st["serving"]
     assert entry["gpuArch"] == "sm_89" and entry["engineKey"] == st["engines"][0]["key"]
@@ -110,13 +112,35 @@ def test_a_service_serves_on_nodes_of_its_products_and_reads_ready(
         assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-L20"
         [c] = pod["spec"]["containers"]
         assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    # Clients reach the router (spec.routing.mode Router by default, issue 30): its gRPC and
+    # HTTP ports and HAProxy's metrics; the router finds the Triton pods by cvs-tts-pods.
     service_obj = get_json(cluster, "service", "cvs-tts", "-n", ns)
     assert {p["name"]: p["port"] for p in service_obj["spec"]["ports"]} == {
         "grpc": 8001,
         "http": 8000,
-        "metrics": 8002,
+        "metrics": 8404,
     }
+    assert service_obj["spec"]["selector"] == {
+        SELECTOR: "tts",
+        "app.kubernetes.io/component": "router",
+    }
+    headless = get_json(cluster, "service", "cvs-tts-pods", "-n", ns)["spec"]
+    assert headless["clusterIP"] == "None"
+    assert headless["selector"] == {SELECTOR: "tts", "app.kubernetes.io/component": "serving"}
     assert get_json(cluster, "pdb", "cvs-tts", "-n", ns)["spec"]["maxUnavailable"] == 1
+    router = get_json(cluster, "deployment", "cvs-tts-router", "-n", ns)
+    wait_for(
+        "2 Ready router pods",
+        lambda: (
+            (get_json(cluster, "deployment", "cvs-tts-router", "-n", ns)["status"]).get(
+                "readyReplicas"
+            )
+            == 2
+        ),
+        timeout=60,
+    )
+    [haproxy] = router["spec"]["template"]["spec"]["containers"]
+    assert haproxy["image"] == "docker.io/library/haproxy:3.2"
     printed = cluster.kubectl("get", "cvs", "tts", "-n", ns).stdout
     assert "Ready" in printed and "3/3" in printed
 
@@ -281,7 +305,7 @@ class DeploymentWatch:
         self.proc = subprocess.Popen(
             [
                 str(kubectl_path()), f"--kubeconfig={cluster.kubeconfig}",
-                "get", "deployments", "-n", ns, "-l", f"{SELECTOR}={name}",
+                "get", "deployments", "-n", ns, "-l", f"{SELECTOR}={name},{TRITON}",
                 "--watch", "--output-watch-events", "-o", "json",
             ],
             stdout=subprocess.PIPE,
