@@ -344,3 +344,118 @@ def test_queue_latency_drives_replicas_in_a_closed_loop(
         prometheus.stop()
         op.stop()
         print(op.log())
+
+
+SERVING_PODS = "tts.cosyvoice.dev/service=tts,app.kubernetes.io/component!=router"
+ROUTER_PODS = "tts.cosyvoice.dev/service=tts,app.kubernetes.io/component=router"
+
+
+def test_the_routers_figures_drive_replicas_through_one_channel(
+    cluster: Cluster, loop_ns: str, tmp_path: Path
+) -> None:
+    """Mode Router, as a cluster runs it (issue 30): the operator's rendered router config
+    (ConfigMap cvs-tts-router) on a real HAProxy, the Triton twins found by DNS SRV each on
+    an address of its own, the load on ONE channel through the router, Prometheus scraping
+    HAProxy as the Ready router pod. The queue forms in the router; the replicas rise; the new
+    pods serve streams on the same channel; the scale-down under a light load drains its pod
+    and cuts no stream."""
+    from cosyvoice_operator.devtools.closedloop.router import FleetRouter
+
+    ns = loop_ns
+    body = json.loads(
+        service(
+            "tts",
+            replicas=1,
+            serving={"nodeSelector": L20},
+            # The twin's pods hold 2 streams (2 instances): the router's maxconn says so.
+            autoscaling={**AUTOSCALING, "maxReplicas": 3, "slo": {"slotsPerPod": 2}},
+            routing={"mode": "Router", "router": {"replicas": 1}},
+        )
+    )
+    svc = parse(body["spec"])
+    targets = tmp_path / "targets.json"
+    targets.write_text("[]")
+    (tmp_path / "prom").mkdir()
+    prometheus = Prometheus(tmp_path / "prom", targets, scrape_interval=1.0)
+    fleet = FleetRouter(tmp_path / "router", service="tts", namespace=ns)
+    routers = ready_pods(cluster, ns, ROUTER_PODS)
+
+    def router_target() -> dict[str, tuple[str, str]]:
+        names = routers()
+        [(address, _)] = fleet.targets().items()
+        return {address: (ns, names[0])} if names else {}
+
+    servers = PodServers(
+        svc,
+        tmp_path / "pods",
+        targets,
+        namespace=ns,
+        pods=ready_pods(cluster, ns, SERVING_PODS),
+        service_seconds=0.4,
+        max_instances=2,
+        addresses=fleet.block,
+        directory=fleet.directory,
+        drained=fleet.drained,
+        extra_targets=router_target,
+    )
+    prometheus.start()
+    op = OperatorProcess(
+        cluster,
+        ns,
+        tmp_path,
+        COSYVOICE_PROMETHEUS_URL=prometheus.url,
+        COSYVOICE_METRICS_WINDOW_SECONDS="10",
+    ).start()
+    load: LoadGenerator | None = None
+    try:
+        fleet.start(router=False)
+        servers.start()
+        cluster.apply(ns, json.dumps(body))
+
+        def rendered() -> str | None:
+            proc = cluster.kubectl(
+                "get", "configmap", "cvs-tts-router", "-n", ns, "-o", "json", check=False
+            )
+            return json.loads(proc.stdout)["data"]["haproxy.cfg"] if proc.returncode == 0 else None
+
+        fleet.use_rendered(wait_for("the router's rendered config", rendered, timeout=60))
+        assert "server-template pod 1-3 " in fleet.haproxy.config_text  # maxReplicas
+        assert " maxconn 2 " in fleet.haproxy.config_text
+        fleet.haproxy.start()
+        wait_for("one Triton live", lambda: len(servers.live()) == 1, timeout=120)
+        fleet.haproxy.wait_servers(set(servers.addresses_of().values()), timeout=30)
+        wait_for("a Ready router pod", routers, timeout=60)
+
+        load = LoadGenerator(list, "cosyvoice3", through=fleet.grpc)
+        load.set_concurrency(6)  # 3x one pod's slots: 4 wait in the router
+        wait_for(
+            "the router's queue read by the autoscaler: desired replicas > 1",
+            lambda: (status(cluster, ns).get("autoscaling") or {}).get("desiredReplicas", 1) > 1,
+            timeout=120,
+        )
+        wait_for("new Tritons live", lambda: len(servers.live()) > 1, timeout=120)
+
+        def every_pod_served() -> dict[str, int] | None:
+            served = fleet.served_per_pod(servers.addresses_of())
+            return served if len(served) > 1 and min(served.values()) > 0 else None
+
+        served = wait_for("streams on the new pods, same channel", every_pod_served, timeout=60)
+        print(f"\n{fleet.summary(servers.addresses_of())}\nserved per pod: {served}")
+
+        load.set_concurrency(1)  # light load: the fleet shrinks under it
+        wait_for("a scale-in: its pod drained, then stopped", servers.stopped, timeout=150)
+        gone = servers.stopped()[0].pod
+        mark = time.monotonic()
+        wait_for("3 more streams", lambda: load.summary(since=mark).completed >= 3, timeout=60)
+        load.stop()
+        print(f"{gone} went; {fleet.summary(servers.addresses_of())}")
+        summary = load.summary()
+        assert summary.failed == 0, summary
+        assert summary.completed > 20, summary
+    finally:
+        if load is not None:
+            load.close()
+        servers.stop()
+        fleet.stop()
+        prometheus.stop()
+        op.stop()

@@ -196,8 +196,8 @@ class LoadGenerator:
                 if index >= self._concurrency:
                     return
             record = self._one(time.monotonic())
-            if record.error and not record.server:
-                time.sleep(0.2)  # no server at all: do not spin
+            if record.error and (not record.server or self.through):
+                time.sleep(0.2)  # no server at all, or the router refused at once: no spin
 
     def _dispatch(self) -> None:
         due = time.monotonic()
