@@ -132,3 +132,61 @@ def test_limits_below_one_are_refused(field: str, value: int) -> None:
         )
     with pytest.raises(ValueError, match="servers"):
         RouterConfig(ServerSource(), 1, 1, 1)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_rendered_router_runs_and_exports_the_autoscalers_series(tmp_path: Path) -> None:
+    """The config does what the probes and the autoscaler rely on, in a real HAProxy: /healthz
+    answers on the metrics port, and the exporter has the fleet's queue and each server's
+    limit (maxconn) under proxy="triton"."""
+    import time
+    import urllib.request
+
+    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    assert Path(haproxy).exists(), "haproxy is not installed: scripts/setup.sh installs it"
+    metrics = _free_port()
+    config = RouterConfig(
+        servers=ServerSource.of(["127.0.0.2:1:2", "127.0.0.3:1:2"]),
+        slots_per_server=3,
+        server_slots=2,
+        queue_timeout_ms=1000,
+        bind_address="127.0.0.1",
+        grpc_port=_free_port(),
+        http_port=_free_port(),
+        metrics_port=metrics,
+        runtime_dir=str(tmp_path),
+    )
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(haproxy_config(config))
+    proc = subprocess.Popen(
+        [haproxy, "-db", "-f", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 20
+        health = text = ""
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                base = f"http://127.0.0.1:{metrics}"
+                with urllib.request.urlopen(f"{base}/healthz", timeout=2) as r:
+                    health = str(r.status)
+                with urllib.request.urlopen(f"{base}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+                break
+            except OSError:
+                time.sleep(0.1)  # not listening yet: poll until it is (20 s ceiling)
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        assert health == "200"
+        assert 'haproxy_backend_current_queue{proxy="triton"} 0' in text
+        assert 'haproxy_server_limit_sessions{proxy="triton",server="pod1"} 3' in text
+        assert 'haproxy_server_current_sessions{proxy="triton",server="pod2"} 0' in text
+        assert 'haproxy_backend_active_servers{proxy="triton"}' in text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
