@@ -46,7 +46,13 @@ def test_the_reported_digest_is_recorded_and_handed_to_the_serving_pods(
 
         def deployment() -> Any:
             found = get_json(
-                cluster, "deployments", "-n", ns, "-l", "tts.cosyvoice.dev/service=tts"
+                cluster,
+                "deployments",
+                "-n",
+                ns,
+                "-l",
+                # the Triton Deployment, not the router's (issue 30)
+                "tts.cosyvoice.dev/service=tts,app.kubernetes.io/component=serving",
             )
             return found["items"][0] if found["items"] else None
 
