@@ -11,7 +11,7 @@
 # then copies what the job has written so far to $OUT: a later call picks up where the last
 # one left off, with no second set-up or server start. STOP_AT_S: the sweep starts nothing that
 # would end after this many seconds of its own (sweep.py --stop-at). POINTS: sweep.py's
-# --points (NAME@FIRST_RATE,...). Carry ["bench/gpu/build"].
+# --points (NAME@FIRST_RATE,...; none: the speed step alone). Carry ["bench/gpu/build"].
 set -uo pipefail
 wait_s="$1"
 stop_at="$2"
@@ -44,6 +44,7 @@ PYTHONPATH="$SITE" python3 bench/gpu/full_release.py $RELEASE >$J/release.json 2
 echo "speed: \$(date +%T)"
 PYTHONPATH="$SITE" python3 bench/gpu/token2wav_speed.py $RELEASE >$J/token2wav-speed.json 2>$J/speed.err
 echo "speed rc=\$? \$(date +%T)"
+[ "$points" = none ] && exit 0  # the speed step alone
 python3 bench/gpu/orchestrator_numpy.py /tmp/triton "$B" /tmp/orchenv /tmp/stubenv >$J/numpy-probe.json || exit 5
 echo "sweep: \$(date +%T)"
 (cd bench/gpu && python3 sweep.py --triton /tmp/triton --build build --out $J/sweep.json \
