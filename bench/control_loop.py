@@ -16,7 +16,7 @@ A. floor: the objects the operator would make for N services (one distinct engin
    code): what the API server, the Job controller, the scheduler and kwok take without the
    operator.
 B. operator: N services applied the same way to a namespace the operator serves; the time
-   until every service reads EngineReady=True and has its serving Deployment (the same
+   until every service reads EngineReady=True and has its serving Deployments (the same
    milestone as the floor's end). Target: the median ratio over the pairs within 1.5x of
    the floor. Also the time to EngineReady alone, and the operator's writes per service up
    to that service's own EngineReady (from a log of its requests, each attributed to the
@@ -314,6 +314,14 @@ def floor(bench: Bench, n: int) -> dict[str, Any]:
     }
 
 
+def deployments_per_service() -> int:
+    """The Deployments the operator renders for one of the benchmark's services."""
+    rendered = render_command.render_service(
+        service_body("probe", "rev-probe"), [PRODUCT], config.load({}), "probe"
+    )
+    return sum(1 for obj in rendered if obj["kind"] == "Deployment")
+
+
 def writes_of(before: Counter[tuple[str, str]], after: Counter[tuple[str, str]]) -> dict[str, Any]:
     """The writes the API server took between two readings, by every client: in all, and by
     resource (the ten largest)."""
@@ -369,10 +377,14 @@ def operator_run(
         # Each service's writes up to its own EngineReady (issue 31, F4).
         out["writes_to_own_engine_ready"] = writes_per_service(read_lines(requests_log), ns)
 
+        # Every Deployment the renderer makes for the services (Triton's, and the router's
+        # in spec.routing mode Router): as many as the floor creates.
+        expected = n * deployments_per_service()
+
         def all_serving() -> bool:
             deployments = bench.get("deployments", "-n", ns)["items"]
-            print(f"  operator: {len(deployments)}/{n} serving Deployments", file=sys.stderr)
-            return len(deployments) >= n
+            print(f"  operator: {len(deployments)}/{expected} Deployments", file=sys.stderr)
+            return len(deployments) >= expected
 
         wait("every service's serving Deployment", all_serving, 600, interval=2)
         out["apply_to_ready_seconds"] = round(time.monotonic() - started, 2)
