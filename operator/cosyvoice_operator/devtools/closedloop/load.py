@@ -252,7 +252,7 @@ class LoadGenerator:
         assert self._channel is not None and self.through is not None
         first: float | None = None
         errors: list[str] = []
-        done = False
+        final: float | None = None
         request = stream_request(self.model, request_inputs(self.text), uuid.uuid4().hex)
         request.parameters["triton_enable_empty_final_response"].bool_param = True
         call = open_stream(self._channel, request, timeout=self.timeout)
@@ -268,15 +268,15 @@ class LoadGenerator:
                 )
                 if first is None and audio:
                     first = time.monotonic()
-                if response.parameters["triton_final_response"].bool_param:
-                    done = True
-                    break
+                # After the final response the server ends the stream (the request side is
+                # closed): read on to that end, as a client does, rather than reset it.
+                if final is None and response.parameters["triton_final_response"].bool_param:
+                    final = time.monotonic()
         except grpc.RpcError as err:
             errors.append(f"{err.code().name}: {err.details()}")
         finally:
-            call.cancel()  # no-op after the final response; else the stream is given up
-        end = time.monotonic()
-        if not errors and not done:
+            call.cancel()  # no-op after the stream's end; else it is given up
+        if not errors and final is None:
             errors.append("the stream ended without a final response")
         if not errors and first is None:
             errors.append("no audio before the final response")
@@ -285,7 +285,7 @@ class LoadGenerator:
                 server=self.through,
                 started=started,
                 first_chunk_s=first - started if first is not None else None,
-                total_s=None if errors else end - started,
+                total_s=None if errors or final is None else final - started,
                 error="; ".join(errors)[:300],
             )
         )
