@@ -1,7 +1,8 @@
 """`cosyvoice-operator demo`'s closed loop, on the test cluster: the examples, a real Prometheus,
-a real CPU tritonserver per Ready pod of the autoscaled example, and the demo's load rising and
-falling. The demo itself waits for states (the fleet grown to maxReplicas with the latency back
-under target, then shrunk to minReplicas with one Triton left); the test waits for the demo."""
+a real CPU tritonserver per Ready pod of the autoscaled example, the service's router (a real
+HAProxy on the operator's rendered config) and the demo's load rising and falling through it.
+The demo itself waits for states (the fleet grown to maxReplicas with the latency back under
+target, then shrunk to minReplicas with one Triton left); the test waits for the demo."""
 
 from __future__ import annotations
 
@@ -38,3 +39,7 @@ def test_the_demo_scales_up_under_its_load_and_back_down_after_it(
     assert " -> 1 replicas: scaling down" in text, text
     assert "tritonserver for pod" in text and "stopped (pod gone)" in text, text
     assert "cycle 1 done" in text
+    # Mode Router (the default): the load went through a real HAProxy on the operator's rendered
+    # config, on one channel, and the demo showed the router's queue and streams per pod.
+    assert "router: HAProxy on the operator's config (configmap cvs-cosyvoice3-router)" in text
+    assert "router: queue " in text and " streams per pod cvs-cosyvoice3-" in text, text
