@@ -106,6 +106,36 @@ def searched(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def sized(step: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A ladder step (runs before issue 32) as issue 32 reports a decisive step: its rate, its
+    requests, those on time, the Wilson 90 % interval of that share, and whether its lower
+    end reaches 95 % (the decision issue 32's sweep takes)."""
+    if step is None or "rate_rps" not in step:
+        return None
+    n = int(step["requests"])
+    if "good_requests" in step:
+        good = int(step["good_requests"])
+    else:  # good_rps is the good requests over the step's seconds (offered_rps: n over them)
+        good = round(step["good_rps"] * n / step["offered_rps"]) if step["offered_rps"] else 0
+    low, high = loadgen.wilson(good, n)
+    return {
+        "rate_rps": step["rate_rps"],
+        "requests": n,
+        "good_requests": good,
+        "attainment_wilson90": [round(low, 4), round(high, 4)],
+        "lower_bound_reaches_95": low >= 0.95,
+    }
+
+
+def holds(p: dict[str, Any]) -> bool:
+    """Whether a point's goodput rests on a passed step of a sound decision."""
+    if "decisive" in p:
+        passed = (p["decisive"] or {}).get("passed")
+        return bool(passed) and passed["attainment_wilson90"][0] >= 0.95
+    passed = (p.get("decisive_steps") or {}).get("passed")
+    return bool(passed) and bool(passed["lower_bound_reaches_95"])
+
+
 def point(raw: dict[str, Any], slo_ms: float) -> dict[str, Any]:
     if "decisive" in raw or "bracketed" in raw:
         return searched(raw)
@@ -114,7 +144,15 @@ def point(raw: dict[str, Any], slo_ms: float) -> dict[str, Any]:
     best = max(passing, key=lambda s: s["good_rps"], default=None)
     errors = sum(s["errors"] for s in steps)
     requests = sum(s["requests"] for s in steps)
+    rate = (best or {}).get("rate_rps")
+    above = min(
+        (s for s in steps if rate and s.get("rate_rps", 0) > rate and s not in passing),
+        key=lambda s: s["rate_rps"],
+        default=None,
+    )
     return {
+        # issue 32: the steps this goodput rests on, their sizes and attainment intervals
+        "decisive_steps": {"passed": sized(best), "failed_above": sized(above)},
         "name": raw["name"],
         "params": raw["params"],
         "goodput_rps": best["good_rps"] if best else 0.0,
@@ -319,6 +357,9 @@ def main() -> int:
         **{k: raw[k] for k in ("step_requests", "attainment_target", "decision") if k in raw},
         "requests": sum(p["requests"] for p in points),
         "lost_streams": sum(p["lost_streams"] for p in points),
+        # issue 32: the points whose goodput rests on a passed step whose attainment's lower
+        # bound (Wilson, one-sided 95 %) reaches 95 %: the goodputs that hold
+        "goodput_holds_for": [p["name"] for p in points if holds(p)],
         "points": points,
         "best": {
             "name": best["name"],
