@@ -134,7 +134,7 @@ def _search(start: int, passes: set[int]) -> list[int]:
     """The rungs a point's steps run at when exactly the rungs in ``passes`` pass."""
     outcomes: dict[int, bool] = {}
     k: int | None = start
-    ran = []
+    ran: list[int] = []
     while k is not None:
         assert len(ran) < 20, "the search does not end"
         ran.append(k)
