@@ -231,6 +231,36 @@ def bound(task: tuple[str, int, int]) -> dict[str, Any]:
     } | {k: v for k, v in asdict(b.outcome).items() if k != "timeline"}
 
 
+def refine_static(
+    chosen: dict[str, dict[str, Any]], seeds: Sequence[int], jobs: int
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Each static fleet behind the router or P2C, one pod fewer at a time while its pooled
+    training attainment still reaches the goal: the choice and every training row run."""
+    out = dict(chosen)
+    rows: list[dict[str, Any]] = []
+    for group, c in chosen.items():
+        if c["policy"] != "static" or c["routing"]["mode"] == ROUND_ROBIN:
+            continue
+        mode, r = c["routing"]["mode"], c["routing"].get("router_replicas", 1)
+        n = int(c["params"]["replicas"])
+        while n > 1 and c["reached_goal_on_train"]:
+            params = {"replicas": n - 1}
+            tried = execute(
+                [("train", group, "static", params, mode, r, "train", s) for s in seeds], jobs
+            )
+            rows += tried
+            if pooled(tried) < ex.GOAL_ATTAINMENT:
+                break
+            n -= 1
+            out[group] = {
+                **c,
+                "params": params,
+                "train_attainment": pooled(tried),
+                "train_gpu_hours": statistics.mean(x["gpu_hours"] for x in tried),
+            }
+    return out, rows
+
+
 def execute(tasks: list[Task], jobs: int) -> list[dict[str, Any]]:
     order = sorted(range(len(tasks)), key=lambda i: tasks[i][2] != "kpa")  # slow ones first
     with ProcessPoolExecutor(jobs) as pool:
@@ -443,6 +473,13 @@ def main() -> int:
         "--groups", default="", help="evaluate only these groups (';'-separated labels)"
     )
     parser.add_argument(
+        "--refine-static",
+        action="store_true",
+        help="with --chosen: step each static fleet behind the router or P2C down one pod at a "
+        "time while it still reaches 99 %% on training (the grid's step is ~2 pods), then "
+        "evaluate the changed ones and rewrite the tables with the earlier run's other rows",
+    )
+    parser.add_argument(
         "--bound",
         default="",
         help="router replicas (e.g. '1,2') to run the clairvoyant schedule behind, per seed",
@@ -451,6 +488,7 @@ def main() -> int:
     started = time.monotonic()
     exp = ex.default_experiment(str(default_trace()), 5.0, 1)
     load = ex.mean_load_pods(exp.train.build(0), exp.config)
+    kept: list[dict[str, Any]] = []  # an earlier run's evaluation rows, kept (--refine-static)
     if args.chosen:
         earlier = json.loads(args.chosen.read_text())
         chosen, train_rows = earlier["chosen_on_train"], []
@@ -458,11 +496,22 @@ def main() -> int:
     else:
         train_rows = execute(training_tasks(load, range(args.train_seeds)), args.jobs)
         chosen, train_seeds = choose(train_rows), args.train_seeds
+    groups = tuple(g for g in args.groups.split(";") if g)
+    if args.refine_static:
+        if not args.chosen:
+            parser.error("--refine-static takes the run to refine from --chosen")
+        refined, refine_rows = refine_static(chosen, range(train_seeds), args.jobs)
+        train_rows = [r for r in earlier["runs"] if r["phase"] == "train"] + refine_rows
+        changed = [g for g in refined if refined[g]["params"] != chosen[g]["params"]]
+        chosen = refined
+        kept = [r for r in earlier["runs"] if r["phase"] == "eval" and r["group"] not in changed]
+        groups = tuple(changed) or ("nothing changed",)
     print(f"training: {len(train_rows)} runs, {time.monotonic() - started:.0f} s", file=sys.stderr)
     sim = json.loads(args.sim.read_text())
     part = f"eval:{EVALS[args.eval]}"
-    groups = tuple(g for g in args.groups.split(";") if g)
-    eval_rows = execute(evaluation_tasks(chosen, sim, range(args.seeds), part, groups), args.jobs)
+    eval_rows = kept + execute(
+        evaluation_tasks(chosen, sim, range(args.seeds), part, groups), args.jobs
+    )
     bound_tasks = [(part, int(r), s) for r in args.bound.split(",") if r for s in range(args.seeds)]
     with ProcessPoolExecutor(args.jobs) as pool:
         bounds = list(pool.map(bound, bound_tasks, chunksize=1))
