@@ -494,3 +494,57 @@ def test_the_closed_loop_through_the_router_to_twin_pods(tmp_path: Path) -> None
         rows = wait_for(scraped, 30, "the router's queue in Prometheus")
         assert [r["metric"]["pod"] for r in rows] == [fleet.pod]
     assert not servers.failures
+
+
+REQUEST_BYTES = 2 * 16000 * 4  # a 2-s 16 kHz FP32 reference, as the closed loop's requests carry
+BUFSIZE_FIX = "    tune.bufsize 262144\n"
+
+
+@pytest.mark.parametrize(
+    "global_lines",
+    [
+        pytest.param(
+            "",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="HAProxy 2.6.12 on the rendered config: a stream with a real-size request "
+                "(128 KB) queued in the router stalls every stream of its client connection "
+                "(each stream's buffer is tune.bufsize, 16 KB by default; the h2 demux blocks). "
+                "The renderer should size tune.bufsize (see the other case)",
+            ),
+            id="as-rendered",
+        ),
+        pytest.param(BUFSIZE_FIX, id="with-tune.bufsize-256k"),
+    ],
+)
+def test_a_stream_queued_with_a_real_size_request_stalls_no_other_stream(
+    world: Any, global_lines: str
+) -> None:
+    """One channel, one pod with 1 slot: 3 streams, each sending a 2-s reference (128 KB) and
+    getting 8 answers of 64 KB of audio; 2 of them wait in the router's queue while one plays.
+    Every stream must end well within its deadline."""
+    w = world(slots=1)
+    w.haproxy.config_text = w.haproxy.config_text.replace("global\n", "global\n" + global_lines, 1)
+    pod = w.add_pod("a")
+    pod.chunks, pod.chunk_bytes = 8, 65536
+    w.start()
+    w.wait_up("a")
+    assert w.channel is not None
+    results: dict[int, str] = {}
+
+    def one(i: int) -> None:
+        request = stream_request("tts", [], f"r{i}")
+        request.raw_input_contents.append(bytes(REQUEST_BYTES))
+        try:
+            answers = sum(1 for _ in open_stream(w.channel, request, timeout=6))
+            results[i] = f"{answers} answers"
+        except grpc.RpcError as err:
+            results[i] = err.code().name
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert results == {0: "8 answers", 1: "8 answers", 2: "8 answers"}
+    assert pod.served == 3

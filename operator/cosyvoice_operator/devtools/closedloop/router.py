@@ -551,14 +551,16 @@ def triton_ready(http_url: str) -> Callable[[], bool]:
 
 class StandInPod(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """A pod at ``address`` (gRPC on 8001, cosyvoice-serve's ``/ready`` on 8003) whose
-    ``ModelStreamInfer`` answers each request with ``chunks`` responses naming the pod. While
+    ``ModelStreamInfer`` answers each request with ``chunks`` responses naming the pod (each
+    with ``chunk_bytes`` of audio when set). While
     ``release`` is clear a stream waits before its first answer (set by default: at once).
     ``health.draining`` makes the ready endpoint answer 503."""
 
-    def __init__(self, name: str, address: str, *, chunks: int = 2) -> None:
+    def __init__(self, name: str, address: str, *, chunks: int = 2, chunk_bytes: int = 0) -> None:
         self.name = name
         self.address = address
         self.chunks = chunks
+        self.chunk_bytes = chunk_bytes  # audio bytes per answer (as a raw output)
         self.release = threading.Event()
         self.release.set()
         self.health = PodHealth(address)
@@ -589,6 +591,9 @@ class StandInPod(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
                     answer.id = request.id
                     answer.parameters[POD_PARAMETER].string_param = self.name
                     answer.parameters["triton_final_response"].bool_param = index == self.chunks - 1
+                    if self.chunk_bytes:
+                        answer.outputs.add(name="waveform", datatype="FP32", shape=[1, 1])
+                        answer.raw_output_contents.append(bytes(self.chunk_bytes))
                     yield response
         finally:
             with self._lock:
