@@ -13,12 +13,18 @@ path's median and range, the per-pair difference (router minus direct) with its 
 and 90th percentiles and range, and each round's median difference (the spread between rounds
 says how steady the figure is on this machine). The load average at the start and end is kept.
 
+``--twin``: the pod is a real ``tritonserver`` CPU twin (CosyVoice3, the project's
+orchestrator, 0.4 s streams) and the time is to the first audio chunk of a real request (a
+2-s reference, 128 KB): the router's cost beside a model's first chunk.
+
     .venv/bin/python bench/router_overhead.py            # -> bench/results/router-overhead.json
+    .venv/bin/python bench/router_overhead.py --twin --rounds 1   # -> router-overhead-twin.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -27,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +47,27 @@ from cosyvoice_operator.devtools.closedloop.router import (
 )
 
 RESULT = Path(__file__).resolve().parent / "results" / "router-overhead.json"
+TWIN_RESULT = RESULT.with_name("router-overhead-twin.json")
+
+
+def first_audio_ms(channel: grpc.Channel, request_id: str, model: str = "cosyvoice3") -> float:
+    """To the first response carrying audio of one real request (read to the stream's end)."""
+    from cosyvoice_operator.devtools.closedloop.cpu_twin import request_inputs
+
+    request = stream_request(model, request_inputs("Hello from the benchmark."), request_id)
+    started = time.perf_counter()
+    first = None
+    for message in open_stream(channel, request, timeout=60):
+        if message.error_message:
+            raise RuntimeError(message.error_message)
+        response = message.infer_response
+        names = [o.name for o in response.outputs]
+        audio = "waveform" in names and response.raw_output_contents[names.index("waveform")]
+        if first is None and audio:
+            first = time.perf_counter()
+    if first is None:
+        raise RuntimeError("a stream ended without audio")
+    return (first - started) * 1000.0
 
 
 def first_answer_ms(channel: grpc.Channel, request_id: str) -> float:
@@ -75,15 +103,33 @@ def haproxy_version() -> str:
     return out.splitlines()[0] if out else "unknown"
 
 
+def twin_spec() -> Any:
+    """examples/cosyvoice3.yaml's spec, as the operator parses it."""
+    import yaml
+
+    from cosyvoice_operator.api.spec import parse
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "cosyvoice3.yaml"
+    return parse(yaml.safe_load(example.read_text())["spec"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=100, help="pairs per round (>= 100)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=RESULT)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--twin", action="store_true", help="a tritonserver twin as the pod")
     args = parser.parse_args(argv)
+    out: Path = args.out or (TWIN_RESULT if args.twin else RESULT)
 
-    with tempfile.TemporaryDirectory(prefix="router-overhead-") as tmp:
+    rounds: list[dict[str, Any]] = []
+    all_direct: list[float] = []
+    all_routed: list[float] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="router-overhead-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
         fleet = FleetRouter(
             Path(tmp),
             service="bench",
@@ -92,48 +138,66 @@ def main(argv: list[str] | None = None) -> int:
             server_slots=2,
             queue_timeout_ms=10000,
         )
-        pod = StandInPod("pod-a", f"{fleet.block}.2", chunks=1).start()
-        fleet.directory.set({pod.name: pod.address})
+        measure: Callable[[grpc.Channel, str], float]
+        if args.twin:
+            from cosyvoice_operator.devtools.closedloop.harness import PodServers
+
+            servers = PodServers(
+                twin_spec(),
+                Path(tmp) / "pods",
+                Path(tmp) / "targets.json",
+                namespace="bench",
+                pods=lambda: ["pod-a"],
+                service_seconds=0.4,
+                addresses=fleet.block,
+                directory=fleet.directory,
+            )
+            stack.enter_context(servers)
+            servers.wait_live(["pod-a"], 120)
+            address = servers.addresses_of()["pod-a"]
+            measure, what = first_audio_ms, "CPU twin tritonserver (CosyVoice3, 0.4 s streams)"
+        else:
+            pod = StandInPod("pod-a", f"{fleet.block}.2", chunks=1).start()
+            stack.callback(pod.stop, 0)
+            fleet.directory.set({pod.name: pod.address})
+            address = pod.address
+            measure, what = first_answer_ms, "router.StandInPod (grpcio; answers at once)"
         load_before = os.getloadavg()
-        with fleet:
-            fleet.haproxy.wait_servers({pod.address}, timeout=30)
-            direct = grpc.insecure_channel(f"{pod.address}:8001")
-            routed = grpc.insecure_channel(fleet.grpc)
-            for i in range(args.warmup):
-                first_answer_ms(direct, f"w{i}")
-                first_answer_ms(routed, f"w{i}")
-            rounds: list[dict[str, Any]] = []
-            all_direct: list[float] = []
-            all_routed: list[float] = []
-            for r in range(args.rounds):
-                a, b = [], []
-                for i in range(args.pairs):
-                    a.append(first_answer_ms(direct, f"a{r}-{i}"))
-                    b.append(first_answer_ms(routed, f"b{r}-{i}"))
-                diffs = [y - x for x, y in zip(a, b, strict=True)]
-                rounds.append(
-                    {
-                        "direct_median_ms": round(statistics.median(a), 4),
-                        "router_median_ms": round(statistics.median(b), 4),
-                        "added_median_ms": round(statistics.median(diffs), 4),
-                    }
-                )
-                all_direct += a
-                all_routed += b
-            direct.close()
-            routed.close()
-            served = fleet.haproxy.view().total
-        pod.stop(0)
+        stack.enter_context(fleet)
+        fleet.haproxy.wait_servers({address}, timeout=30)
+        direct = stack.enter_context(grpc.insecure_channel(f"{address}:8001"))
+        routed = stack.enter_context(grpc.insecure_channel(fleet.grpc))
+        for i in range(args.warmup):
+            measure(direct, f"w{i}")
+            measure(routed, f"w{i}")
+        for r in range(args.rounds):
+            a, b = [], []
+            for i in range(args.pairs):
+                a.append(measure(direct, f"a{r}-{i}"))
+                b.append(measure(routed, f"b{r}-{i}"))
+            diffs = [y - x for x, y in zip(a, b, strict=True)]
+            rounds.append(
+                {
+                    "direct_median_ms": round(statistics.median(a), 4),
+                    "router_median_ms": round(statistics.median(b), 4),
+                    "added_median_ms": round(statistics.median(diffs), 4),
+                }
+            )
+            all_direct += a
+            all_routed += b
+        served = sum(fleet.haproxy.view().total.values())
     load_after = os.getloadavg()
     diffs = [y - x for x, y in zip(all_direct, all_routed, strict=True)]
     result = {
-        "what": "time to the first answer of a ModelStreamInfer stream, loopback, one stream "
-        "at a time, direct to the pod vs through the operator's HAProxy router (ABAB)",
+        "what": "time to the first answer"
+        + (" carrying audio" if args.twin else "")
+        + " of a ModelStreamInfer stream, loopback, one stream at a time, direct to the pod "
+        "vs through the operator's HAProxy router (ABAB)",
         "haproxy": haproxy_version(),
         "grpcio": grpc.__version__,
         "python": sys.version.split()[0],
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared)",
-        "pod": "router.StandInPod (grpcio; answers at once)",
+        "pod": what,
         "pairs_per_round": args.pairs,
         "rounds": args.rounds,
         "direct_ms": summary(all_direct),
@@ -141,16 +205,16 @@ def main(argv: list[str] | None = None) -> int:
         "added_ms": summary(diffs),
         "added_median_per_round_ms": [r["added_median_ms"] for r in rounds],
         "per_round": rounds,
-        "router_streams_counted": sum(served.values()),
+        "router_streams_counted": served,
         "loadavg_start": [round(x, 2) for x in load_before],
         "loadavg_end": [round(x, 2) for x in load_after],
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("direct_ms", "router_ms", "added_ms")}, indent=1))
     print(f"added median per round (ms): {result['added_median_per_round_ms']}")
-    print(f"load average {result['loadavg_start']} -> {result['loadavg_end']}; wrote {args.out}")
+    print(f"load average {result['loadavg_start']} -> {result['loadavg_end']}; wrote {out}")
     return 0
 
 
