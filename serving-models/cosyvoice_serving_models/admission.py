@@ -6,7 +6,7 @@
 request that starts while it exists is refused (:func:`admit` raises :class:`Draining`),
 and the client gets Triton's error code UNAVAILABLE with :data:`DRAINING_ERROR`
 (``orchestration.error_of``): gRPC status 14 where the client can see a status, HTTP 503, the
-code a client retries on another pod (docs/draining-and-stub-health.md, "The refusal"). An
+code a client retries on another pod (docs/concepts/draining-and-stub-health.md, "The refusal"). An
 orchestrator raises its gauge *before* it calls :func:`admit`, so every request either shows
 in the gauge the supervisor reads after creating the file, or sees the file and is refused.
 """

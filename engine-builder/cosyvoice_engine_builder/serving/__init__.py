@@ -33,7 +33,7 @@ image. It does four things in order:
    ``--drain-seconds`` is up, then stopped. A dead or stopped stub (:mod:`.stubs`), or work in
    flight that makes no progress for ``--stall-seconds`` (a hung stub, :mod:`.progress`),
    makes the pod not ready and Triton is restarted in place. The LLM servers the streams still need
-   are stopped only after Triton has exited. ``docs/draining-and-stub-health.md``.
+   are stopped only after Triton has exited. ``docs/concepts/draining-and-stub-health.md``.
 
 :mod:`.options` parses the command line, :mod:`.command` ties the steps together, and
 :mod:`.exit_codes` lists what the command exits with.

@@ -37,7 +37,7 @@ DEFAULT_EXIT_TIMEOUT_SECONDS = 30
 DEFAULT_DRAIN_SECONDS = 120
 # A stream's chunks come a few seconds apart at most (each one an inference of token2wav or
 # the vocoder, which Triton counts); a minute without any while work is in flight is a stub
-# that hangs (docs/draining-and-stub-health.md).
+# that hangs (docs/concepts/draining-and-stub-health.md).
 DEFAULT_STALL_SECONDS = 60
 # The supervisor's own readiness endpoint (GET /ready), which the rendered probes use.
 DEFAULT_HEALTH_PORT = 8003

@@ -33,7 +33,7 @@ SERVE_SUPERVISOR = (
 REFERENCE = REPO / "docs" / "reference"
 GENERATOR = "tools/gen_reference.py"
 # The page on the serving pods' recovery, relative to docs/reference/.
-DRAINING = "../draining-and-stub-health.md"
+DRAINING = "../concepts/draining-and-stub-health.md"
 HELP_COLUMNS = "100"
 
 _HEADER = (
