@@ -71,7 +71,7 @@ ROUTER_PRESTOP_SECONDS = 5
 ROUTER_EXIT_SECONDS = 10
 # The official images run as user haproxy, uid and gid 99.
 HAPROXY_UID = 99
-DEFAULT_RESOURCES = {"requests": {"cpu": "250m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
+DEFAULT_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 
 
 # ---- names, labels, sizes -------------------------------------------------------------------

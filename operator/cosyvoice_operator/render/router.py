@@ -32,6 +32,8 @@ LIVENESS_PATH = "/healthz"
 # The runtime directory (an emptyDir in the pod): the admin socket.
 RUNTIME_DIR = "/var/run/haproxy"
 RESOLVER = "kube-dns"
+# tune.bufsize: see haproxy_config.
+BUFSIZE_BYTES = 262144
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,13 @@ def haproxy_config(params: RouterConfig) -> str:
         "global",
         "    log stdout format raw local0",
         f"    stats socket {p.runtime_dir}/admin.sock mode 600 level admin",
+        # Each stream's buffer. At HAProxy's default (16 KB) a stream waiting in the queue
+        # whose request is larger (a 2-s reference is 128 KB) fills it and blocks the h2
+        # demux of its client connection: every other stream of that channel, the playing
+        # ones too, stalls until its deadline (measured on 2.6.12:
+        # tests/closed_loop/test_router.py). 256 KB holds a reference of about 4 s (16 kHz,
+        # FP32); docs/concepts/routing.md says what a larger one costs.
+        f"    tune.bufsize {BUFSIZE_BYTES}",
     ]
     if p.hard_stop_after_s:
         lines.append(f"    hard-stop-after {p.hard_stop_after_s}s")
@@ -181,8 +190,7 @@ def haproxy_config(params: RouterConfig) -> str:
         "",
         f"backend {GRPC_BACKEND}",
         "    balance leastconn",
-        f"    option httpchk GET {p.health_path}",
-        "    http-check expect status 200",
+        *_health_check(p),
         "    default-server inter 2s fall 1 rise 1",
     ]
     lines += _servers(p, grpc=True)
@@ -190,12 +198,27 @@ def haproxy_config(params: RouterConfig) -> str:
         "",
         f"backend {HTTP_BACKEND}",
         "    balance leastconn",
-        f"    option httpchk GET {p.health_path}",
-        "    http-check expect status 200",
+        *_health_check(p),
         "    default-server inter 2s fall 1 rise 1",
     ]
     lines += _servers(p, grpc=False)
     return "\n".join(lines) + "\n"
+
+
+def _health_check(p: RouterConfig) -> list[str]:
+    """cosyvoice-serve's readiness (HTTP/1.1 on its health port, whatever the traffic's
+    protocol). For servers filled from SRV records the port and protocol are an explicit
+    ``http-check connect`` rule: written as ``check port ... check-proto h1`` on the
+    ``server-template`` line, every server but the first failed it with a socket error on
+    HAProxy 2.6.12 while its endpoint answered 200 (tests/closed_loop/test_router.py)."""
+    if p.servers.is_dns:
+        return [
+            "    option httpchk",
+            f"    http-check connect port {HEALTH_PORT} proto h1",
+            f"    http-check send meth GET uri {p.health_path}",
+            "    http-check expect status 200",
+        ]
+    return [f"    option httpchk GET {p.health_path}", "    http-check expect status 200"]
 
 
 def _servers(p: RouterConfig, *, grpc: bool) -> list[str]:
@@ -206,7 +229,7 @@ def _servers(p: RouterConfig, *, grpc: bool) -> list[str]:
         srv = p.servers.grpc_srv if grpc else p.servers.http_srv
         return [
             f"    server-template pod 1-{p.server_slots} {srv} resolvers {RESOLVER}"
-            f" init-addr none{traffic} check port {HEALTH_PORT} check-proto h1"
+            f" init-addr none{traffic} check"
         ]
     return [
         f"    server pod{i} {s.host}:{s.grpc_port if grpc else s.http_port}{traffic}"

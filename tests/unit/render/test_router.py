@@ -90,8 +90,15 @@ def test_the_fleet_queue_and_its_limits() -> None:
     assert "balance leastconn" in backend
     assert (
         "server-template pod 1-16 _grpc._tcp.cvs-tts-pods.voices.svc.cluster.local resolvers "
-        "kube-dns init-addr none proto h2 maxconn 8 check port 8003 check-proto h1"
+        "kube-dns init-addr none proto h2 maxconn 8 check"
     ) in backend
+    # The health check of SRV-filled servers: an explicit connect rule (the server-line form
+    # fails on 2.6.12 for all servers but the first), HTTP/1.1 to cosyvoice-serve's /ready.
+    assert (
+        "http-check connect port 8003 proto h1\n    http-check send meth GET uri /ready" in backend
+    )
+    # Each stream's buffer holds a real-size request (tests/closed_loop/test_router.py).
+    assert "    tune.bufsize 262144\n" in text.split("\ndefaults\n")[0]
     assert "timeout queue 3893ms" in text  # explicit: HAProxy's default is timeout connect
     assert "parse-resolv-conf" in text and "nameserver" not in text
     assert "bind :8001 proto h2" in text and "bind :8000\n" in text and "bind :8404\n" in text
