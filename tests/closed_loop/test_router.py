@@ -157,10 +157,9 @@ def test_the_rendered_config_passes_haproxy_check(world: Any) -> None:
     w = world()
     w.add_pod("a")
     assert "Configuration file is valid" in w.haproxy.check()
-    # The test world runs the operator's config: the same text but for the 2.6 health-check
-    # form (router.health_check_fix_26), and the loopback addresses it was rendered with.
+    # The test world runs the operator's config as rendered (for loopback addresses).
     rendered = haproxy_config(w.haproxy.params)
-    assert router.health_check_fix_26(rendered) == w.haproxy.config_text
+    assert rendered == w.haproxy.config_text
     assert f"_grpc._tcp.{HEADLESS}.{NS}.svc.cluster.local" in rendered
     assert f"nameserver dns1 {w.directory.address}" in rendered
 
@@ -198,7 +197,6 @@ def test_a_clusters_rendered_config_runs_here_with_only_the_pods_environment_cha
 
 def test_the_rendered_health_check_as_is_passes_on_every_dns_pod(tmp_path: Path) -> None:
     w = World(tmp_path)
-    w.haproxy = HAProxy(w.haproxy.params, tmp_path, fix_26=False)
     try:
         for name in "abc":
             w.add_pod(name)

@@ -232,41 +232,6 @@ class RouterView:
     total: dict[str, int]  # haproxy_server_sessions_total per server name
 
 
-def health_check_fix_26(config: str) -> str:
-    """The rendered config with its DNS servers' health check written as an explicit
-    ``http-check connect port 8003 proto h1`` rule instead of ``check port 8003 check-proto
-    h1`` on the ``server-template`` line.
-
-    Why: on Debian's HAProxy 2.6.12 the servers a ``server-template`` fills from SRV records
-    after the first one fail that check with SOCKERR ("Socket error", 0 ms) while their
-    endpoint answers 200 (seen here with 3 pods: pod1 UP, pod2 and pod3 DOWN, every run; a
-    static list of the same pods is UP; the explicit connect rule is UP on every pod). It
-    leaves a config without that server-line form unchanged, so it goes quiet once the
-    renderer writes the rule itself (tests/closed_loop/test_router.py keeps a strict xfail
-    on the rendered form).
-    """
-    server_form = f" check port {HEALTH_PORT} check-proto h1"
-    if not any(
-        line.lstrip().startswith("server-template") and server_form in line
-        for line in config.splitlines()
-    ):
-        return config
-    config = config.replace(
-        f"    option httpchk GET {HEALTH_PATH}\n",
-        f"    option httpchk\n    http-check connect port {HEALTH_PORT} proto h1\n"
-        f"    http-check send meth GET uri {HEALTH_PATH}\n",
-    )
-    return (
-        "\n".join(
-            line.replace(server_form, " check")
-            if line.lstrip().startswith("server-template")
-            else line
-            for line in config.splitlines()
-        )
-        + "\n"
-    )
-
-
 def localize(rendered: str, *, address: str, nameserver: str, runtime_dir: Path) -> str:
     """A router config rendered for a cluster (``kubectl get configmap cvs-<name>-router``)
     as it runs here: what a router pod's environment gives it, given on loopback instead (its
@@ -292,21 +257,17 @@ class HAProxy:
     """Debian's ``haproxy`` on a router config, written to ``work``: the one the operator
     renders for ``params`` (``render.router.haproxy_config``), or the text given as
     ``rendered`` (a cluster's ConfigMap, ``localize``d). ``grpc`` is where clients connect,
-    ``metrics_url`` its Prometheus exporter, ``socket`` its runtime API.
-
-    ``fix_26``: the health-check form HAProxy 2.6 needs (``health_check_fix_26``)."""
+    ``metrics_url`` its Prometheus exporter, ``socket`` its runtime API."""
 
     def __init__(
         self,
         params: RouterConfig,
         work: Path,
         *,
-        fix_26: bool = True,
         rendered: str | None = None,
     ) -> None:
         self.params = params
-        text = haproxy_config(params) if rendered is None else rendered
-        self.config_text = health_check_fix_26(text) if fix_26 else text
+        self.config_text = haproxy_config(params) if rendered is None else rendered
         self.work = work
         host = params.bind_address or "127.0.0.1"
         self.metrics_url = f"http://{host}:{params.metrics_port}/metrics"
