@@ -19,6 +19,7 @@ def test_the_table_prints_what_changed_or_redraws_in_place(tty: bool) -> None:
     d = Demo.__new__(Demo)  # the drawing alone: no cluster
     d.out, d.tty, d.load, d._drawn, d._last_rows, d.changes = out, tty, None, 0, {}, []
     d.shape = demo_module.Load()
+    d.fleet = d.servers = None  # no router, no pods: the router line is empty
     d._draw(rows)
     d._draw(rows)
     rows[0].desired = "3"
