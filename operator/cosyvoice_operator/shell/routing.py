@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
 from cosyvoice_operator.api import labels
+from cosyvoice_operator.plan import serving
 from cosyvoice_operator.plan.service import EngineRef
 from cosyvoice_operator.render import workloads
 from cosyvoice_operator.shell import metrics
@@ -210,6 +211,12 @@ class Router:
         obj = new or old
         assert obj is not None
         self._wake_owner(obj)
+        # A Deployment that stops serving an engine (deleted, by the garbage collector after
+        # its service, or moved to another engine) may leave that engine unused: the cleanup
+        # that ran on the service's deletion kept it while the Deployment still served it.
+        was = serving.served_key(old) if old is not None else ""
+        if was and (new is None or serving.served_key(new) != was):
+            self.cleanup(_namespace(obj))
 
     def on_owned(self, old: Obj | None, new: Obj | None) -> None:
         """A core Service, PodDisruptionBudget or NetworkPolicy the operator applied."""

@@ -265,6 +265,25 @@ def test_a_deployment_always_wakes_its_service() -> None:
     assert loop.caches.world.deployments("ml", "a") == []
 
 
+def test_a_deployment_that_stops_serving_an_engine_wakes_the_cleanup() -> None:
+    # The cleanup run on a service's deletion keeps an engine its Deployment still serves;
+    # the garbage collector deletes that Deployment later: that must run the cleanup again.
+    loop = Loop()
+    deployment = owned("Deployment", "a-sm90", spec={"replicas": 1}, status={})
+    deployment["metadata"].setdefault("annotations", {})[labels.SERVED_KEY_ANNOTATION] = KEY
+    loop.feed(loop.caches.deployments, "ADDED", deployment)
+    assert loop.drain() == {service("a")}
+    deployment["status"] = {"readyReplicas": 1}
+    loop.feed(loop.caches.deployments, "MODIFIED", deployment)
+    assert loop.drain() == {service("a")}  # still serving the same engine: no cleanup
+    moved = copy.deepcopy(deployment)
+    moved["metadata"]["annotations"][labels.SERVED_KEY_ANNOTATION] = "n" * 40
+    loop.feed(loop.caches.deployments, "MODIFIED", moved)
+    assert loop.drain() == {service("a"), CLEANUP}
+    loop.feed(loop.caches.deployments, "DELETED", moved)
+    assert loop.drain() == {service("a"), CLEANUP}
+
+
 def test_a_core_service_or_budget_wakes_its_service_only_when_what_was_applied_changed() -> None:
     loop = Loop()
     for cache, kind in (
