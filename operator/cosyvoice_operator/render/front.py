@@ -234,22 +234,7 @@ def render_client_service(body: Mapping[str, Any], namespace: str) -> dict[str, 
             "spec": {
                 "type": "ClusterIP",
                 "selector": router_selector(name),
-                "ports": [
-                    {
-                        "name": "grpc",
-                        "port": GRPC_PORT,
-                        "targetPort": "grpc",
-                        "protocol": "TCP",
-                        "appProtocol": "grpc",
-                    },
-                    {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
-                    {
-                        "name": "metrics",
-                        "port": METRICS_PORT,
-                        "targetPort": "metrics",
-                        "protocol": "TCP",
-                    },
-                ],
+                "ports": workloads.service_ports(METRICS_PORT),
             },
         }
     )
@@ -270,16 +255,7 @@ def render_pods_service(
                 "clusterIP": "None",
                 "publishNotReadyAddresses": False,
                 "selector": triton_selector(svc, name),
-                "ports": [
-                    {
-                        "name": "grpc",
-                        "port": GRPC_PORT,
-                        "targetPort": "grpc",
-                        "protocol": "TCP",
-                        "appProtocol": "grpc",
-                    },
-                    {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
-                ],
+                "ports": workloads.service_ports(None),
             },
         }
     )

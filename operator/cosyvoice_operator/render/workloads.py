@@ -479,6 +479,26 @@ def _engine_mounts(target: ArchServing) -> list[dict[str, Any]]:
     return mounts
 
 
+def service_ports(metrics_port: int | None) -> list[dict[str, Any]]:
+    """A Service's named ports to its pods' named container ports: gRPC and HTTP, and the
+    metrics port (Triton's, or the router's) where the Service exposes one."""
+    ports: list[dict[str, Any]] = [
+        {
+            "name": "grpc",
+            "port": GRPC_PORT,
+            "targetPort": "grpc",
+            "protocol": "TCP",
+            "appProtocol": "grpc",
+        },
+        {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+    ]
+    if metrics_port is not None:
+        ports.append(
+            {"name": "metrics", "port": metrics_port, "targetPort": "metrics", "protocol": "TCP"}
+        )
+    return ports
+
+
 def render_service(body: Mapping[str, Any], namespace: str) -> dict[str, Any]:
     name = str((body.get("metadata") or {}).get("name"))
     return stamp(
@@ -494,22 +514,7 @@ def render_service(body: Mapping[str, Any], namespace: str) -> dict[str, Any]:
             "spec": {
                 "type": "ClusterIP",
                 "selector": selector_labels(name),
-                "ports": [
-                    {
-                        "name": "grpc",
-                        "port": GRPC_PORT,
-                        "targetPort": "grpc",
-                        "protocol": "TCP",
-                        "appProtocol": "grpc",
-                    },
-                    {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
-                    {
-                        "name": "metrics",
-                        "port": METRICS_PORT,
-                        "targetPort": "metrics",
-                        "protocol": "TCP",
-                    },
-                ],
+                "ports": service_ports(METRICS_PORT),
             },
         }
     )
