@@ -318,13 +318,7 @@ def slo_sizing(
     whose predicted miss is at most 90 % of the allowed one (HPA's tolerance as a margin):
     several replicas may go at once, but only with that margin."""
     slo = spec.slo
-    kept, season = memory
-    f = forecast(demand, kept, now, slo.cold_start_seconds, spec.evaluation_interval_seconds)
-    upper = f.rate + slo.forecast_std_devs * f.spread
-    seasonal = seasonal_demand(spec, season, now, demand, slo.forecast_std_devs * f.spread)
-    if seasonal is not None:
-        numbers.update({k: round(v, 4) for k, v in seasonal.items()})
-        upper = max(upper, seasonal["seasonalForecast"], seasonal["seasonalFloor"])
+    f, seasonal, upper = _demand_forecast(spec, memory, now, demand, numbers)
     budget = (slo.first_audio_milliseconds - slo.first_chunk_milliseconds) / 1000.0
     miss = 1.0 - slo.attainment_percent / 100.0
     slots = slo.slots_per_pod or model.slots
@@ -346,18 +340,7 @@ def slo_sizing(
     at_need = miss_probability(
         upper * model.service / max(need, 1), slots, model.service, budget, k
     )
-    numbers.update(
-        {
-            "demand": round(demand, 4),
-            "forecastRate": round(f.rate, 4),
-            "forecastTrendPerMinute": round(60.0 * f.slope, 4),
-            "forecastSpread": round(f.spread, 4),
-            "forecastUpper": round(upper, 4),
-            "waitBudgetSeconds": round(budget, 4),
-            "sloReplicas": need,
-            "predictedMissPercent": round(100.0 * at_need, 4),
-        }
-    )
+    numbers.update(_sizing_numbers(demand, f, upper, budget, need, at_need))
     why = (
         f"{need} replicas keep {slo.attainment_percent:g} % of first audio within "
         f"{slo.first_audio_milliseconds} ms (a wait of at most {budget:.2f} s, predicted "
@@ -373,6 +356,43 @@ def slo_sizing(
             f"{seasonal['seasonalForecast']:.2f}, floor {seasonal['seasonalFloor']:.2f}"
         )
     return need, "SloSizing", why
+
+
+def _demand_forecast(
+    spec: AutoscalingSpec,
+    memory: tuple[tuple[Recommendation, ...], Season],
+    now: dt.datetime,
+    demand: float,
+    numbers: dict[str, Number],
+) -> tuple[Forecast, dict[str, float] | None, float]:
+    """The SLO sizing's demand over the next cold start (both rules 4b): the forecast, the
+    seasonal figures (recorded in `numbers`) and the upper rate sized for: the forecast plus
+    its spread, at least the seasonal forecast and floor."""
+    slo = spec.slo
+    kept, season = memory
+    f = forecast(demand, kept, now, slo.cold_start_seconds, spec.evaluation_interval_seconds)
+    upper = f.rate + slo.forecast_std_devs * f.spread
+    seasonal = seasonal_demand(spec, season, now, demand, slo.forecast_std_devs * f.spread)
+    if seasonal is not None:
+        numbers.update({k: round(v, 4) for k, v in seasonal.items()})
+        upper = max(upper, seasonal["seasonalForecast"], seasonal["seasonalFloor"])
+    return f, seasonal, upper
+
+
+def _sizing_numbers(
+    demand: float, f: Forecast, upper: float, budget: float, need: int, at_need: float
+) -> dict[str, Number]:
+    """The SLO sizing's figures as status and Events report them."""
+    return {
+        "demand": round(demand, 4),
+        "forecastRate": round(f.rate, 4),
+        "forecastTrendPerMinute": round(60.0 * f.slope, 4),
+        "forecastSpread": round(f.spread, 4),
+        "forecastUpper": round(upper, 4),
+        "waitBudgetSeconds": round(budget, 4),
+        "sloReplicas": need,
+        "predictedMissPercent": round(100.0 * at_need, 4),
+    }
 
 
 def seasonal_demand(
@@ -767,13 +787,7 @@ def _router_slo(
     router's wait is not measured: HAProxy 2.6's queue-time average is wrong while it warms
     up)."""
     slo = spec.slo
-    kept, season = memory
-    f = forecast(arrivals, kept, now, slo.cold_start_seconds, spec.evaluation_interval_seconds)
-    upper = f.rate + slo.forecast_std_devs * f.spread
-    seasonal = seasonal_demand(spec, season, now, arrivals, slo.forecast_std_devs * f.spread)
-    if seasonal is not None:
-        numbers.update({k: round(v, 4) for k, v in seasonal.items()})
-        upper = max(upper, seasonal["seasonalForecast"], seasonal["seasonalFloor"])
+    f, _, upper = _demand_forecast(spec, memory, now, arrivals, numbers)
     upper = max(upper, load / service)  # never below what is on the pods and waiting now
     budget = (slo.first_audio_milliseconds - slo.first_chunk_milliseconds) / 1000.0
     miss = 1.0 - slo.attainment_percent / 100.0
@@ -791,14 +805,7 @@ def _router_slo(
             "sloFirstChunkMilliseconds": slo.first_chunk_milliseconds,
             "sloFirstChunkSource": slo.first_chunk_source,
             "variability": round(k, 4),
-            "demand": round(arrivals, 4),
-            "forecastRate": round(f.rate, 4),
-            "forecastTrendPerMinute": round(60.0 * f.slope, 4),
-            "forecastSpread": round(f.spread, 4),
-            "forecastUpper": round(upper, 4),
-            "waitBudgetSeconds": round(budget, 4),
-            "sloReplicas": need,
-            "predictedMissPercent": round(100.0 * at_need, 4),
+            **_sizing_numbers(arrivals, f, upper, budget, need, at_need),
         }
     )
     why = (
